@@ -1,0 +1,1 @@
+//! Injected time.
