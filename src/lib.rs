@@ -7,9 +7,11 @@
 
 pub mod actors;
 pub mod api;
+pub mod cli;
 pub mod clock;
 pub mod k8s;
 pub mod karpenter;
 pub mod profile;
+pub mod secret;
 pub mod sim;
 pub mod ssh;

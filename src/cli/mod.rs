@@ -1,0 +1,1 @@
+//! The `kpssh` command line: one module per subcommand.
