@@ -1,1 +1,14 @@
-fn main() {}
+use clap::Parser;
+
+#[tokio::main]
+async fn main() {
+    let cli = kpssh::cli::Cli::parse();
+    let code = match kpssh::cli::run(cli).await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("kpssh: {err:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}

@@ -1,1 +1,26 @@
 //! The `kpssh` command line: one module per subcommand.
+
+pub mod crds;
+
+use clap::{Parser, Subcommand};
+
+/// Autoscale Kubernetes cluster membership of hosts reachable only over SSH.
+#[derive(Parser, Debug)]
+#[command(name = "kpssh", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print kpssh's CustomResourceDefinitions as one multi-document YAML.
+    Crds(crds::CrdsArgs),
+}
+
+/// Runs the parsed command and returns the process exit code.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Crds(args) => crds::run(&args),
+    }
+}

@@ -1,1 +1,15 @@
-//! See docs/architecture.md.
+//! The `Cluster` port and its two implementations: kube-rs against a real API server
+//! (`kube_cluster`) and an in-memory one for the deterministic simulation (`memory`).
+
+pub mod cluster;
+pub mod error;
+pub mod kube_cluster;
+pub mod memory;
+
+pub use cluster::{
+    Cluster, DeleteOutcome, EventRecord, EventType, EvictOutcome, Object, ObjectRef, Precondition,
+    WatchEvent, WatchStream,
+};
+pub use error::ClusterError;
+pub use kube_cluster::KubeCluster;
+pub use memory::MemoryCluster;

@@ -1,0 +1,259 @@
+//! `SSHHost`: one machine reachable over SSH that can be lent to the cluster as a Node.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::{DEFAULT_HOST_CLASS, HOST_CLASS_LABEL, MAINTENANCE_ANNOTATION};
+
+/// Desired state of a host: how to reach it and what it offers.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "karpenter.dklesev.github.io",
+    version = "v1beta1",
+    kind = "SSHHost",
+    plural = "sshhosts",
+    namespaced,
+    status = "SSHHostStatus",
+    shortname = "sshh",
+    category = "karpenter",
+    printcolumn = r#"{"name":"Address","type":"string","jsonPath":".spec.address"}"#,
+    printcolumn = r#"{"name":"Class","type":"string","jsonPath":".metadata.labels.karpenter\\.dklesev\\.github\\.io/host-class"}"#,
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".status.claimRef.name"}"#,
+    printcolumn = r#"{"name":"Installed","type":"string","jsonPath":".status.installedProfile"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "self.execMode != 'Verified' || (has(self.trustedSigners) && size(self.trustedSigners) >= 1)"
+).message("execMode Verified requires at least one entry in trustedSigners"))]
+pub struct SSHHostSpec {
+    /// DNS name or IP the controller dials. Immutable: a different address is a different host.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("address is immutable; create a new SSHHost instead"))]
+    pub address: String,
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    #[serde(default = "default_user")]
+    #[schemars(length(min = 1, max = 32))]
+    pub user: String,
+    /// Secret in the pool namespace with `privateKey` and optionally `knownHost`.
+    pub ssh_key_secret_ref: SecretRef,
+    /// IP literal the kubelet advertises; falls back to `address`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isIP(self)").message("nodeAddress must be an IPv4 or IPv6 literal"))]
+    pub node_address: Option<String>,
+    /// Declared capacity; must hold cpu and memory, extended resources pass through.
+    #[x_kube(validation = Rule::new("'cpu' in self && 'memory' in self").message("capacity must hold cpu and memory"))]
+    pub capacity: BTreeMap<String, Quantity>,
+    #[serde(default)]
+    pub exec_mode: ExecMode,
+    /// OpenSSH public key lines allowed to sign profiles for a Verified host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub trusted_signers: Option<Vec<String>>,
+    /// Host-side shim that runs verified scripts (sshd ForceCommand).
+    #[serde(default = "default_shim_command")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub shim_command: String,
+    /// Optional bastion the controller connects through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_jump: Option<ProxyJump>,
+}
+
+/// Reference to a Secret by name (in the namespace the referring object implies).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct SecretRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// A bastion host: the controller dials `address` and opens a TCP channel to the host from it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyJump {
+    #[schemars(length(min = 1, max = 253))]
+    pub address: String,
+    #[serde(default = "default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    #[serde(default = "default_user")]
+    #[schemars(length(min = 1, max = 32))]
+    pub user: String,
+    pub ssh_key_secret_ref: SecretRef,
+}
+
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum ExecMode {
+    /// Scripts run as `sudo bash -s` with an exported environment preamble.
+    #[default]
+    Raw,
+    /// Signed scripts run unchanged through the host shim, which re-verifies them.
+    Verified,
+}
+
+/// Observed state; written only by the host's actor, always as a compare-and-swap.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SSHHostStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<HostState>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_ref: Option<ClaimRef>,
+    /// Install marker `<profile>@<version>`; kept across leave so the next join is warm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed_profile: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "bootstrapTokenID")]
+    pub bootstrap_token_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "providerID")]
+    pub provider_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_key_fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_capacity: Option<BTreeMap<String, Quantity>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_arch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_error: Option<String>,
+}
+
+/// The NodeClaim holding a host, by name and UID (a reused name is a different claim).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClaimRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 128))]
+    pub uid: String,
+}
+
+/// Closed set of host states (DESIGN §2 state machine).
+#[derive(
+    schemars::JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+)]
+pub enum HostState {
+    Pending,
+    Available,
+    Claimed,
+    InUse,
+    Unhealthy,
+    Leaving,
+    Maintenance,
+}
+
+impl HostState {
+    pub const ALL: [HostState; 7] = [
+        HostState::Pending,
+        HostState::Available,
+        HostState::Claimed,
+        HostState::InUse,
+        HostState::Unhealthy,
+        HostState::Leaving,
+        HostState::Maintenance,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostState::Pending => "Pending",
+            HostState::Available => "Available",
+            HostState::Claimed => "Claimed",
+            HostState::InUse => "InUse",
+            HostState::Unhealthy => "Unhealthy",
+            HostState::Leaving => "Leaving",
+            HostState::Maintenance => "Maintenance",
+        }
+    }
+
+    /// The Ready condition's (status, reason) that mirrors a state (S8).
+    pub fn ready_condition(self) -> (&'static str, &'static str) {
+        match self {
+            HostState::Available | HostState::Claimed | HostState::InUse | HostState::Leaving => {
+                ("True", "ProbeSucceeded")
+            }
+            HostState::Unhealthy => ("False", "ProbeFailed"),
+            HostState::Maintenance => ("False", "Maintenance"),
+            HostState::Pending => ("Unknown", "AwaitingProbe"),
+        }
+    }
+}
+
+impl std::fmt::Display for HostState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl SSHHost {
+    /// Host class (= instance type) from the label; `default` when the label is missing.
+    pub fn class(&self) -> &str {
+        self.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(HOST_CLASS_LABEL))
+            .map(String::as_str)
+            .unwrap_or(DEFAULT_HOST_CLASS)
+    }
+
+    pub fn in_maintenance(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(MAINTENANCE_ANNOTATION))
+    }
+
+    pub fn state(&self) -> HostState {
+        self.status
+            .as_ref()
+            .and_then(|s| s.state)
+            .unwrap_or(HostState::Pending)
+    }
+
+    pub fn claim(&self) -> Option<&ClaimRef> {
+        self.status.as_ref().and_then(|s| s.claim_ref.as_ref())
+    }
+
+    /// The IP the kubelet advertises: `nodeAddress`, else `address`.
+    pub fn node_address(&self) -> &str {
+        self.spec
+            .node_address
+            .as_deref()
+            .unwrap_or(self.spec.address.as_str())
+    }
+}
+
+fn default_port() -> i32 {
+    22
+}
+
+fn default_user() -> String {
+    "root".to_string()
+}
+
+fn default_shim_command() -> String {
+    "/opt/kpssh/kpssh-shim".to_string()
+}

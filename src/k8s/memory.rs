@@ -1,0 +1,691 @@
+//! In-memory `Cluster` for the deterministic simulation and unit tests.
+//!
+//! It honours the API server's semantics that the controller relies on: resourceVersion CAS
+//! (409 on a stale write), `metadata.generation` bumped on spec changes only, status written
+//! only through the status path, finalizers holding deletion behind `deletionTimestamp`,
+//! label selectors, ordered watches, and PodDisruptionBudgets on the Eviction API. Everything
+//! is ordered (BTreeMap, sequence-numbered UIDs, injected clock) so that a seed replays exactly.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::core::{Selector, SelectorExt};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::ClusterError;
+use super::cluster::{
+    Cluster, DeleteOutcome, EventRecord, EvictOutcome, Object, Precondition, WatchEvent,
+    WatchStream, object_key,
+};
+use crate::clock::Clock;
+
+/// Which write an injected fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteKind {
+    Create,
+    Replace,
+    ReplaceStatus,
+    Patch,
+    Delete,
+}
+
+/// Decides, per write, whether to fail it (API conflicts and transient errors in fault runs).
+pub type FaultInjector = Arc<dyn Fn(WriteKind, &str, &str) -> Option<ClusterError> + Send + Sync>;
+
+/// Counters of what reached the store; the simulation reports API cost from them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    pub creates: u64,
+    pub replaces: u64,
+    pub status_writes: u64,
+    pub patches: u64,
+    pub deletes: u64,
+    pub conflicts: u64,
+    pub lists: u64,
+    /// Status writes per kind (e.g. `SSHHost`).
+    pub status_writes_by_kind: BTreeMap<String, u64>,
+}
+
+#[derive(Clone)]
+pub struct MemoryCluster {
+    state: Arc<Mutex<State>>,
+    clock: Clock,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    api_version: String,
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+enum RawEvent {
+    Restarted(Vec<Value>),
+    Applied(Value),
+    Deleted(Value),
+}
+
+struct Watcher {
+    api_version: String,
+    kind: String,
+    namespace: Option<String>,
+    tx: mpsc::UnboundedSender<RawEvent>,
+}
+
+#[derive(Default)]
+struct State {
+    resource_version: u64,
+    uid_seq: u64,
+    objects: BTreeMap<Key, Value>,
+    watchers: Vec<Watcher>,
+    events: Vec<EventRecord>,
+    stats: WriteStats,
+    faults: Option<FaultInjector>,
+}
+
+impl MemoryCluster {
+    pub fn new(clock: Clock) -> Self {
+        MemoryCluster {
+            state: Arc::new(Mutex::new(State::default())),
+            clock,
+        }
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Every event recorded so far, oldest first.
+    pub fn events(&self) -> Vec<EventRecord> {
+        self.lock().events.clone()
+    }
+
+    pub fn stats(&self) -> WriteStats {
+        self.lock().stats.clone()
+    }
+
+    pub fn set_fault_injector(&self, faults: Option<FaultInjector>) {
+        self.lock().faults = faults;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves a consistent map (writes are single inserts),
+        // so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn key<K: Object>(ns: Option<&str>, name: &str) -> Key {
+        Key {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            namespace: ns.unwrap_or_default().to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    fn now_string(&self) -> String {
+        format_time(self.clock.now())
+    }
+}
+
+fn format_time(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn kind_of<K: Object>() -> String {
+    K::kind(&()).into_owned()
+}
+
+fn to_value<K: Object>(obj: &K) -> Result<Value, ClusterError> {
+    let mut v = serde_json::to_value(obj).map_err(|e| decode_err::<K>(obj_name(obj), e))?;
+    if let Some(map) = v.as_object_mut() {
+        map.insert("apiVersion".into(), json!(K::api_version(&())));
+        map.insert("kind".into(), json!(K::kind(&())));
+    }
+    Ok(v)
+}
+
+fn from_value<K: Object>(v: &Value) -> Result<K, ClusterError> {
+    serde_json::from_value(v.clone()).map_err(|e| {
+        let name = v
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        decode_err::<K>(name, e)
+    })
+}
+
+fn obj_name<K: Object>(obj: &K) -> String {
+    let m = obj.meta();
+    object_key(
+        m.namespace.as_deref(),
+        m.name.as_deref().unwrap_or_default(),
+    )
+}
+
+fn decode_err<K: Object>(key: String, e: serde_json::Error) -> ClusterError {
+    ClusterError::Decode {
+        kind: kind_of::<K>(),
+        key,
+        message: e.to_string(),
+    }
+}
+
+fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
+    v.get("metadata")?.get(field)?.as_str()
+}
+
+fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
+    if !v.get("metadata").is_some_and(Value::is_object) {
+        if let Some(map) = v.as_object_mut() {
+            map.insert("metadata".into(), json!({}));
+        }
+    }
+    match v.get_mut("metadata").and_then(Value::as_object_mut) {
+        Some(m) => m,
+        None => unreachable_meta(),
+    }
+}
+
+#[allow(clippy::panic)]
+fn unreachable_meta() -> ! {
+    // Only reachable if a serialized object is not a JSON object, which serde never produces
+    // for Kubernetes kinds.
+    panic!("kubernetes object did not serialize to a JSON object")
+}
+
+fn labels_of(v: &Value) -> BTreeMap<String, String> {
+    v.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn finalizers_empty(v: &Value) -> bool {
+    v.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_none_or(|a| a.is_empty())
+}
+
+/// Everything the API server counts as spec for `generation`: all but metadata and status.
+fn spec_part(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("metadata");
+        m.remove("status");
+        m.remove("apiVersion");
+        m.remove("kind");
+    }
+    v
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(patch_map) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Some(t) = target.as_object_mut() {
+        for (k, pv) in patch_map {
+            if pv.is_null() {
+                t.remove(k);
+            } else {
+                let entry = t.entry(k.clone()).or_insert(Value::Null);
+                merge_patch(entry, pv);
+            }
+        }
+    }
+}
+
+impl State {
+    fn next_rv(&mut self) -> String {
+        self.resource_version += 1;
+        self.resource_version.to_string()
+    }
+
+    fn notify(&mut self, key: &Key, event: impl Fn(Value) -> RawEvent, value: &Value) {
+        self.watchers.retain(|w| !w.tx.is_closed());
+        for w in &self.watchers {
+            let ns_ok = w.namespace.as_deref().is_none_or(|ns| ns == key.namespace);
+            if w.api_version == key.api_version && w.kind == key.kind && ns_ok {
+                // A closed receiver is pruned on the next notify.
+                let _ = w.tx.send(event(value.clone()));
+            }
+        }
+    }
+
+    fn check_fault(
+        &mut self,
+        kind: WriteKind,
+        obj_kind: &str,
+        key: &str,
+    ) -> Result<(), ClusterError> {
+        if let Some(f) = &self.faults {
+            if let Some(err) = f(kind, obj_kind, key) {
+                if err.is_conflict() {
+                    self.stats.conflicts += 1;
+                }
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    fn conflict(&mut self, kind: &str, key: &str) -> ClusterError {
+        self.stats.conflicts += 1;
+        ClusterError::Conflict {
+            kind: kind.to_string(),
+            key: key.to_string(),
+        }
+    }
+
+    /// Store a new version of an existing object: bump rv (and generation if the spec changed),
+    /// drop it when the last finalizer went away during deletion. A no-op write changes nothing.
+    fn commit_update(&mut self, key: &Key, old: &Value, mut new: Value) -> Value {
+        if &new == old {
+            return new;
+        }
+        let generation = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let generation = if spec_part(old) != spec_part(&new) {
+            generation + 1
+        } else {
+            generation
+        };
+        let rv = self.next_rv();
+        let meta = meta_mut(&mut new);
+        meta.insert("generation".into(), json!(generation));
+        meta.insert("resourceVersion".into(), json!(rv));
+        let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
+        if deleting && finalizers_empty(&new) {
+            self.objects.remove(key);
+            self.notify(key, RawEvent::Deleted, &new);
+        } else {
+            self.objects.insert(key.clone(), new.clone());
+            self.notify(key, RawEvent::Applied, &new);
+        }
+        new
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if let Some(mut old) = self.objects.remove(key) {
+            let rv = self.next_rv();
+            meta_mut(&mut old).insert("resourceVersion".into(), json!(rv));
+            self.notify(key, RawEvent::Deleted, &old);
+        }
+    }
+}
+
+/// Keep the server-owned metadata of `stored` on an incoming object.
+fn carry_server_meta(stored: &Value, incoming: &mut Value) {
+    let server_fields = [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "generation",
+        "resourceVersion",
+        "name",
+        "namespace",
+    ];
+    let stored_meta = stored.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    let meta = meta_mut(incoming);
+    for f in server_fields {
+        match stored_meta.get(f) {
+            Some(v) => {
+                meta.insert(f.into(), v.clone());
+            }
+            None => {
+                meta.remove(f);
+            }
+        }
+    }
+}
+
+fn check_rv(incoming: &Value, stored: &Value) -> bool {
+    match meta_str(incoming, "resourceVersion") {
+        None | Some("") => true,
+        Some(rv) => Some(rv) == meta_str(stored, "resourceVersion"),
+    }
+}
+
+impl Cluster for MemoryCluster {
+    async fn get<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Option<K>, ClusterError> {
+        let st = self.lock();
+        st.objects
+            .get(&Self::key::<K>(ns, name))
+            .map(from_value::<K>)
+            .transpose()
+    }
+
+    async fn list<K: Object>(
+        &self,
+        ns: Option<&str>,
+        selector: Option<&Selector>,
+    ) -> Result<Vec<K>, ClusterError> {
+        let mut st = self.lock();
+        st.stats.lists += 1;
+        let api_version = K::api_version(&());
+        let kind = K::kind(&());
+        st.objects
+            .iter()
+            .filter(|(k, _)| k.api_version == api_version && k.kind == kind)
+            .filter(|(k, _)| ns.is_none_or(|ns| k.namespace == ns))
+            .filter(|(_, v)| selector.is_none_or(|s| s.matches(&labels_of(v))))
+            .map(|(_, v)| from_value::<K>(v))
+            .collect()
+    }
+
+    async fn create<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
+        let mut value = to_value(obj)?;
+        let now = self.now_string();
+        let mut st = self.lock();
+        let ns = obj.meta().namespace.clone();
+        let mut name = obj.meta().name.clone().unwrap_or_default();
+        if name.is_empty() {
+            let prefix = obj.meta().generate_name.clone().unwrap_or_default();
+            if prefix.is_empty() {
+                return Err(ClusterError::Invalid {
+                    kind: kind_of::<K>(),
+                    key: String::new(),
+                    message: "metadata.name or metadata.generateName is required".into(),
+                });
+            }
+            st.uid_seq += 1;
+            name = format!("{prefix}{:05x}", st.uid_seq);
+        }
+        let key = Self::key::<K>(ns.as_deref(), &name);
+        let display = object_key(ns.as_deref(), &name);
+        st.check_fault(WriteKind::Create, &key.kind, &display)?;
+        if st.objects.contains_key(&key) {
+            return Err(ClusterError::AlreadyExists {
+                kind: key.kind,
+                key: display,
+            });
+        }
+        st.uid_seq += 1;
+        let uid = format!("00000000-0000-4000-8000-{:012x}", st.uid_seq);
+        let rv = st.next_rv();
+        let meta = meta_mut(&mut value);
+        meta.insert("name".into(), json!(name));
+        meta.insert("uid".into(), json!(uid));
+        meta.insert("resourceVersion".into(), json!(rv));
+        meta.insert("generation".into(), json!(1));
+        meta.insert("creationTimestamp".into(), json!(now));
+        meta.remove("deletionTimestamp");
+        st.stats.creates += 1;
+        st.objects.insert(key.clone(), value.clone());
+        st.notify(&key, RawEvent::Applied, &value);
+        from_value(&value)
+    }
+
+    async fn replace<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
+        let mut incoming = to_value(obj)?;
+        let mut st = self.lock();
+        let m = obj.meta();
+        let key = Self::key::<K>(
+            m.namespace.as_deref(),
+            m.name.as_deref().unwrap_or_default(),
+        );
+        let display = obj_name(obj);
+        st.check_fault(WriteKind::Replace, &key.kind, &display)?;
+        let Some(stored) = st.objects.get(&key).cloned() else {
+            return Err(ClusterError::NotFound {
+                kind: key.kind,
+                key: display,
+            });
+        };
+        if !check_rv(&incoming, &stored) {
+            return Err(st.conflict(&key.kind, &display));
+        }
+        carry_server_meta(&stored, &mut incoming);
+        if let Some(map) = incoming.as_object_mut() {
+            match stored.get("status") {
+                Some(s) => map.insert("status".into(), s.clone()),
+                None => map.remove("status"),
+            };
+        }
+        st.stats.replaces += 1;
+        let new = st.commit_update(&key, &stored, incoming);
+        from_value(&new)
+    }
+
+    async fn replace_status<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
+        let incoming = to_value(obj)?;
+        let mut st = self.lock();
+        let m = obj.meta();
+        let key = Self::key::<K>(
+            m.namespace.as_deref(),
+            m.name.as_deref().unwrap_or_default(),
+        );
+        let display = obj_name(obj);
+        st.check_fault(WriteKind::ReplaceStatus, &key.kind, &display)?;
+        let Some(stored) = st.objects.get(&key).cloned() else {
+            return Err(ClusterError::NotFound {
+                kind: key.kind,
+                key: display,
+            });
+        };
+        if !check_rv(&incoming, &stored) {
+            return Err(st.conflict(&key.kind, &display));
+        }
+        let mut new = stored.clone();
+        if let Some(map) = new.as_object_mut() {
+            match incoming.get("status") {
+                Some(s) => map.insert("status".into(), s.clone()),
+                None => map.remove("status"),
+            };
+        }
+        st.stats.status_writes += 1;
+        *st.stats
+            .status_writes_by_kind
+            .entry(key.kind.clone())
+            .or_default() += 1;
+        let new = st.commit_update(&key, &stored, new);
+        from_value(&new)
+    }
+
+    async fn patch<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<K, ClusterError> {
+        let mut st = self.lock();
+        let key = Self::key::<K>(ns, name);
+        let display = object_key(ns, name);
+        st.check_fault(WriteKind::Patch, &key.kind, &display)?;
+        let Some(stored) = st.objects.get(&key).cloned() else {
+            return Err(ClusterError::NotFound {
+                kind: key.kind,
+                key: display,
+            });
+        };
+        if !check_rv(patch, &stored) {
+            return Err(st.conflict(&key.kind, &display));
+        }
+        let mut new = stored.clone();
+        let mut patch = patch.clone();
+        if let Some(p) = patch.as_object_mut() {
+            // Status only changes through the status path.
+            p.remove("status");
+        }
+        merge_patch(&mut new, &patch);
+        carry_server_meta(&stored, &mut new);
+        st.stats.patches += 1;
+        let new = st.commit_update(&key, &stored, new);
+        from_value(&new)
+    }
+
+    async fn delete<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        precondition: Option<Precondition>,
+    ) -> Result<DeleteOutcome, ClusterError> {
+        let now = self.now_string();
+        let mut st = self.lock();
+        let key = Self::key::<K>(ns, name);
+        let display = object_key(ns, name);
+        st.check_fault(WriteKind::Delete, &key.kind, &display)?;
+        let Some(stored) = st.objects.get(&key).cloned() else {
+            return Ok(DeleteOutcome::NotFound);
+        };
+        if let Some(p) = precondition {
+            let uid_ok = p
+                .uid
+                .as_deref()
+                .is_none_or(|u| Some(u) == meta_str(&stored, "uid"));
+            let rv_ok = p
+                .resource_version
+                .as_deref()
+                .is_none_or(|rv| Some(rv) == meta_str(&stored, "resourceVersion"));
+            if !uid_ok || !rv_ok {
+                return Err(st.conflict(&key.kind, &display));
+            }
+        }
+        st.stats.deletes += 1;
+        if finalizers_empty(&stored) {
+            st.remove(&key);
+            return Ok(DeleteOutcome::Deleted);
+        }
+        if stored.pointer("/metadata/deletionTimestamp").is_none() {
+            let mut new = stored.clone();
+            meta_mut(&mut new).insert("deletionTimestamp".into(), json!(now));
+            // Setting deletionTimestamp is not a spec change: keep the generation.
+            let rv = st.next_rv();
+            meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
+            st.objects.insert(key.clone(), new.clone());
+            st.notify(&key, RawEvent::Applied, &new);
+        }
+        Ok(DeleteOutcome::Terminating)
+    }
+
+    fn watch<K: Object>(&self, ns: Option<&str>) -> WatchStream<K> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            let mut st = self.lock();
+            let api_version = K::api_version(&()).into_owned();
+            let kind = K::kind(&()).into_owned();
+            let snapshot: Vec<Value> = st
+                .objects
+                .iter()
+                .filter(|(k, _)| k.api_version == api_version && k.kind == kind)
+                .filter(|(k, _)| ns.is_none_or(|ns| k.namespace == ns))
+                .map(|(_, v)| v.clone())
+                .collect();
+            // Sent under the lock so no change slips between snapshot and subscription.
+            let _ = tx.send(RawEvent::Restarted(snapshot));
+            st.watchers.push(Watcher {
+                api_version,
+                kind,
+                namespace: ns.map(str::to_string),
+                tx,
+            });
+        }
+        UnboundedReceiverStream::new(rx)
+            .map(|raw| match raw {
+                RawEvent::Restarted(vs) => vs
+                    .iter()
+                    .map(from_value::<K>)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(WatchEvent::Restarted),
+                RawEvent::Applied(v) => from_value::<K>(&v).map(WatchEvent::Applied),
+                RawEvent::Deleted(v) => from_value::<K>(&v).map(WatchEvent::Deleted),
+            })
+            .boxed()
+    }
+
+    async fn evict(&self, ns: &str, pod: &str) -> Result<EvictOutcome, ClusterError> {
+        let Some(target) = self.get::<Pod>(Some(ns), pod).await? else {
+            return Ok(EvictOutcome::NotFound);
+        };
+        let pdbs: Vec<PodDisruptionBudget> = self.list(Some(ns), None).await?;
+        let pods: Vec<Pod> = self.list(Some(ns), None).await?;
+        let target_labels = target.metadata.labels.clone().unwrap_or_default();
+        for pdb in &pdbs {
+            let Some(sel) = pdb.spec.as_ref().and_then(|s| s.selector.clone()) else {
+                continue;
+            };
+            let Ok(sel) = Selector::try_from(sel) else {
+                continue;
+            };
+            if !sel.matches(&target_labels) {
+                continue;
+            }
+            let covered: Vec<&Pod> = pods
+                .iter()
+                .filter(|p| sel.matches(&p.metadata.labels.clone().unwrap_or_default()))
+                .collect();
+            if disruptions_allowed(pdb, &covered) < 1 {
+                return Err(ClusterError::TooManyRequests {
+                    key: object_key(Some(ns), pod),
+                    message: format!(
+                        "Cannot evict pod as it would violate the pod's disruption budget {}",
+                        pdb.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                });
+            }
+        }
+        match self.delete::<Pod>(Some(ns), pod, None).await? {
+            DeleteOutcome::NotFound => Ok(EvictOutcome::NotFound),
+            _ => Ok(EvictOutcome::Evicted),
+        }
+    }
+
+    async fn record_event(&self, event: EventRecord) {
+        self.lock().events.push(event);
+    }
+}
+
+fn pod_healthy(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// The disruption controller's arithmetic for one budget, over the pods it covers.
+fn disruptions_allowed(pdb: &PodDisruptionBudget, covered: &[&Pod]) -> i64 {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let expected = covered.len() as i64;
+    let healthy = covered.iter().filter(|p| pod_healthy(p)).count() as i64;
+    let resolve = |v: &IntOrString| -> i64 {
+        match v {
+            IntOrString::Int(i) => i64::from(*i),
+            IntOrString::String(s) => {
+                let pct: i64 = s.trim_end_matches('%').parse().unwrap_or(100);
+                (expected * pct + 99) / 100
+            }
+        }
+    };
+    let Some(spec) = pdb.spec.as_ref() else {
+        return i64::MAX;
+    };
+    if let Some(max) = &spec.max_unavailable {
+        let unhealthy = expected - healthy;
+        return resolve(max) - unhealthy;
+    }
+    if let Some(min) = &spec.min_available {
+        return healthy - resolve(min);
+    }
+    i64::MAX
+}

@@ -1,0 +1,328 @@
+//! The in-memory `Cluster` honours the API server rules the controller depends on.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kpssh::api::host::SecretRef;
+use kpssh::api::{HostState, SSHHost, SSHHostSpec, SSHHostStatus};
+use kpssh::clock::Clock;
+use kpssh::k8s::{
+    Cluster, ClusterError, DeleteOutcome, EvictOutcome, MemoryCluster, Precondition, WatchEvent,
+};
+use kube::api::ObjectMeta;
+use kube::core::Selector;
+use serde_json::json;
+
+const NS: &str = "kpssh-system";
+
+fn cluster() -> MemoryCluster {
+    MemoryCluster::new(Clock::simulated(
+        "2026-01-01T00:00:00Z".parse().expect("timestamp"),
+    ))
+}
+
+fn host(name: &str, class: &str) -> SSHHost {
+    let mut h = SSHHost::new(
+        name,
+        SSHHostSpec {
+            address: format!("10.0.0.{}", name.len()),
+            port: 22,
+            user: "root".into(),
+            ssh_key_secret_ref: SecretRef { name: "key".into() },
+            node_address: None,
+            capacity: BTreeMap::from([
+                ("cpu".into(), Quantity("4".into())),
+                ("memory".into(), Quantity("8Gi".into())),
+            ]),
+            exec_mode: Default::default(),
+            trusted_signers: None,
+            shim_command: "/opt/kpssh/kpssh-shim".into(),
+            proxy_jump: None,
+        },
+    );
+    h.metadata.namespace = Some(NS.into());
+    h.metadata.labels = Some(BTreeMap::from([(
+        "karpenter.dklesev.github.io/host-class".into(),
+        class.into(),
+    )]));
+    h
+}
+
+#[tokio::test]
+async fn create_sets_server_fields_and_rejects_duplicates() {
+    let c = cluster();
+    let created = c.create(&host("a", "small")).await.expect("create");
+    assert!(created.metadata.uid.is_some());
+    assert_eq!(created.metadata.generation, Some(1));
+    assert!(created.metadata.resource_version.is_some());
+    assert!(created.metadata.creation_timestamp.is_some());
+    let again = c.create(&host("a", "small")).await;
+    assert!(matches!(again, Err(ClusterError::AlreadyExists { .. })));
+}
+
+#[tokio::test]
+async fn stale_resource_version_is_a_conflict() {
+    let c = cluster();
+    let v1 = c.create(&host("a", "small")).await.expect("create");
+    let mut first = v1.clone();
+    first.spec.port = 2222;
+    let v2 = c.replace(&first).await.expect("fresh write succeeds");
+    assert_ne!(v2.metadata.resource_version, v1.metadata.resource_version);
+    let mut stale = v1.clone();
+    stale.spec.port = 2223;
+    let err = c.replace(&stale).await.expect_err("stale write must fail");
+    assert!(err.is_conflict(), "{err}");
+    let mut stale_status = v1.clone();
+    stale_status.status = Some(SSHHostStatus {
+        state: Some(HostState::Available),
+        ..Default::default()
+    });
+    assert!(
+        c.replace_status(&stale_status)
+            .await
+            .expect_err("stale")
+            .is_conflict()
+    );
+    assert_eq!(c.stats().conflicts, 2);
+}
+
+#[tokio::test]
+async fn generation_moves_with_spec_only() {
+    let c = cluster();
+    let v1 = c.create(&host("a", "small")).await.expect("create");
+    let mut labelled = v1.clone();
+    labelled
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("x".into(), "y".into());
+    let v2 = c.replace(&labelled).await.expect("label change");
+    assert_eq!(
+        v2.metadata.generation,
+        Some(1),
+        "metadata change keeps generation"
+    );
+    let mut with_status = v2.clone();
+    with_status.status = Some(SSHHostStatus {
+        state: Some(HostState::Available),
+        ..Default::default()
+    });
+    let v3 = c.replace_status(&with_status).await.expect("status");
+    assert_eq!(
+        v3.metadata.generation,
+        Some(1),
+        "status change keeps generation"
+    );
+    let mut spec = v3.clone();
+    spec.spec.user = "admin".into();
+    let v4 = c.replace(&spec).await.expect("spec");
+    assert_eq!(v4.metadata.generation, Some(2));
+}
+
+#[tokio::test]
+async fn status_and_spec_travel_separate_paths() {
+    let c = cluster();
+    let v1 = c.create(&host("a", "small")).await.expect("create");
+    let mut both = v1.clone();
+    both.spec.user = "admin".into();
+    both.status = Some(SSHHostStatus {
+        state: Some(HostState::InUse),
+        ..Default::default()
+    });
+    let after_replace = c.replace(&both).await.expect("replace");
+    assert_eq!(after_replace.spec.user, "admin");
+    assert_eq!(after_replace.status, None, "replace must ignore status");
+    let mut both = after_replace.clone();
+    both.spec.user = "other".into();
+    both.status = Some(SSHHostStatus {
+        state: Some(HostState::InUse),
+        ..Default::default()
+    });
+    let after_status = c.replace_status(&both).await.expect("status");
+    assert_eq!(
+        after_status.spec.user, "admin",
+        "status write must ignore spec"
+    );
+    assert_eq!(after_status.state(), HostState::InUse);
+}
+
+#[tokio::test]
+async fn unchanged_write_is_a_no_op() {
+    let c = cluster();
+    let v1 = c.create(&host("a", "small")).await.expect("create");
+    let v2 = c.replace(&v1).await.expect("replace");
+    assert_eq!(v1.metadata.resource_version, v2.metadata.resource_version);
+}
+
+#[tokio::test]
+async fn finalizers_hold_deletion_until_removed() {
+    let c = cluster();
+    let mut h = host("a", "small");
+    h.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    c.create(&h).await.expect("create");
+    let mut watch = c.watch::<SSHHost>(Some(NS));
+    assert!(matches!(watch.next().await, Some(Ok(WatchEvent::Restarted(v))) if v.len() == 1));
+    let outcome = c
+        .delete::<SSHHost>(Some(NS), "a", None)
+        .await
+        .expect("delete");
+    assert_eq!(outcome, DeleteOutcome::Terminating);
+    let held: SSHHost = c
+        .get(Some(NS), "a")
+        .await
+        .expect("get")
+        .expect("still there");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(matches!(
+        watch.next().await,
+        Some(Ok(WatchEvent::Applied(_)))
+    ));
+    let _: SSHHost = c
+        .patch(Some(NS), "a", &json!({"metadata": {"finalizers": null}}))
+        .await
+        .expect("patch");
+    assert!(
+        c.get::<SSHHost>(Some(NS), "a")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert!(matches!(
+        watch.next().await,
+        Some(Ok(WatchEvent::Deleted(_)))
+    ));
+    let again = c
+        .delete::<SSHHost>(Some(NS), "a", None)
+        .await
+        .expect("delete");
+    assert_eq!(again, DeleteOutcome::NotFound);
+}
+
+#[tokio::test]
+async fn delete_preconditions_fence_on_uid() {
+    let c = cluster();
+    c.create(&host("a", "small")).await.expect("create");
+    let wrong = Precondition {
+        uid: Some("someone-else".into()),
+        resource_version: None,
+    };
+    let err = c
+        .delete::<SSHHost>(Some(NS), "a", Some(wrong))
+        .await
+        .expect_err("uid mismatch");
+    assert!(err.is_conflict());
+    assert!(
+        c.get::<SSHHost>(Some(NS), "a")
+            .await
+            .expect("get")
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn list_evaluates_label_selectors() {
+    let c = cluster();
+    for (n, class) in [("a", "small"), ("b", "big"), ("c", "small")] {
+        c.create(&host(n, class)).await.expect("create");
+    }
+    let sel: Selector = Selector::from_iter([("karpenter.dklesev.github.io/host-class", "small")]);
+    let small: Vec<SSHHost> = c.list(Some(NS), Some(&sel)).await.expect("list");
+    let names: Vec<_> = small
+        .iter()
+        .filter_map(|h| h.metadata.name.clone())
+        .collect();
+    assert_eq!(names, vec!["a".to_string(), "c".to_string()]);
+    let other_ns: Vec<SSHHost> = c.list(Some("elsewhere"), None).await.expect("list");
+    assert!(other_ns.is_empty());
+}
+
+#[tokio::test]
+async fn watch_streams_changes_in_commit_order() {
+    let c = cluster();
+    let mut watch = c.watch::<SSHHost>(None);
+    assert!(matches!(watch.next().await, Some(Ok(WatchEvent::Restarted(v))) if v.is_empty()));
+    let a = c.create(&host("a", "small")).await.expect("create");
+    let mut edited = a.clone();
+    edited.spec.port = 2200;
+    c.replace(&edited).await.expect("replace");
+    c.delete::<SSHHost>(Some(NS), "a", None)
+        .await
+        .expect("delete");
+    let mut seen = vec![];
+    for _ in 0..3 {
+        match watch.next().await {
+            Some(Ok(WatchEvent::Applied(h))) => seen.push(format!("applied:{}", h.spec.port)),
+            Some(Ok(WatchEvent::Deleted(_))) => seen.push("deleted".into()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["applied:22", "applied:2200", "deleted"]);
+}
+
+fn pod(name: &str, app: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            labels: Some(BTreeMap::from([("app".into(), app.into())])),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        }),
+    }
+}
+
+#[tokio::test]
+async fn eviction_honours_disruption_budgets() {
+    let c = cluster();
+    for (n, app) in [("web-1", "web"), ("web-2", "web"), ("batch-1", "batch")] {
+        c.create(&pod(n, app)).await.expect("pod");
+    }
+    let pdb = PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(0)),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    c.create(&pdb).await.expect("pdb");
+    let blocked = c
+        .evict("default", "web-1")
+        .await
+        .expect_err("budget blocks");
+    assert!(
+        matches!(blocked, ClusterError::TooManyRequests { .. }),
+        "{blocked}"
+    );
+    assert_eq!(
+        c.evict("default", "batch-1").await.expect("no budget"),
+        EvictOutcome::Evicted
+    );
+    assert!(
+        c.get::<Pod>(Some("default"), "batch-1")
+            .await
+            .expect("get")
+            .is_none()
+    );
+    assert_eq!(
+        c.evict("default", "gone").await.expect("missing"),
+        EvictOutcome::NotFound
+    );
+}
