@@ -79,7 +79,7 @@ async fn stale_resource_version_is_a_conflict() {
     assert!(err.is_conflict(), "{err}");
     let mut stale_status = v1.clone();
     stale_status.status = Some(SSHHostStatus {
-        state: Some(HostState::Available),
+        state: HostState::Available,
         ..Default::default()
     });
     assert!(
@@ -109,7 +109,7 @@ async fn generation_moves_with_spec_only() {
     );
     let mut with_status = v2.clone();
     with_status.status = Some(SSHHostStatus {
-        state: Some(HostState::Available),
+        state: HostState::Available,
         ..Default::default()
     });
     let v3 = c.replace_status(&with_status).await.expect("status");
@@ -131,7 +131,7 @@ async fn status_and_spec_travel_separate_paths() {
     let mut both = v1.clone();
     both.spec.user = "admin".into();
     both.status = Some(SSHHostStatus {
-        state: Some(HostState::InUse),
+        state: HostState::InUse,
         ..Default::default()
     });
     let after_replace = c.replace(&both).await.expect("replace");
@@ -140,7 +140,7 @@ async fn status_and_spec_travel_separate_paths() {
     let mut both = after_replace.clone();
     both.spec.user = "other".into();
     both.status = Some(SSHHostStatus {
-        state: Some(HostState::InUse),
+        state: HostState::InUse,
         ..Default::default()
     });
     let after_status = c.replace_status(&both).await.expect("status");

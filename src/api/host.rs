@@ -104,8 +104,8 @@ pub enum ExecMode {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct SSHHostStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<HostState>,
+    #[serde(default)]
+    pub state: HostState,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,8 +155,10 @@ pub struct ClaimRef {
     Hash,
     PartialOrd,
     Ord,
+    Default,
 )]
 pub enum HostState {
+    #[default]
     Pending,
     Available,
     Claimed,
@@ -227,10 +229,7 @@ impl SSHHost {
     }
 
     pub fn state(&self) -> HostState {
-        self.status
-            .as_ref()
-            .and_then(|s| s.state)
-            .unwrap_or(HostState::Pending)
+        self.status.as_ref().map(|s| s.state).unwrap_or_default()
     }
 
     pub fn claim(&self) -> Option<&ClaimRef> {

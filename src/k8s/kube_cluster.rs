@@ -1,1 +1,419 @@
-pub struct KubeCluster;
+//! `Cluster` over kube-rs, against a real API server.
+//!
+//! Built on kube's raw `Request` builder so that one generic code path serves every kind,
+//! namespaced or not; the watch is a list-then-watch loop that re-lists on `410 Gone`.
+
+use std::time::Duration;
+
+use either::Either;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use kube::Client;
+use kube::api::{
+    DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchParams,
+};
+use kube::core::{ObjectList, Request, Selector, WatchEvent as RawWatchEvent};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::ClusterError;
+use super::cluster::{
+    Cluster, DeleteOutcome, EventRecord, EventType, EvictOutcome, Object, Precondition, WatchEvent,
+    WatchStream, object_key,
+};
+
+/// Every API call is bounded; a hung connection must not stall an actor.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const WATCH_TIMEOUT_SECS: u32 = 290;
+const FIELD_MANAGER: &str = "kpssh";
+
+#[derive(Clone)]
+pub struct KubeCluster {
+    client: Client,
+}
+
+impl KubeCluster {
+    pub fn new(client: Client) -> Self {
+        KubeCluster { client }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        kind: &str,
+        key: &str,
+        req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+    ) -> Result<T, ClusterError> {
+        let req = req.map_err(|e| invalid(kind, key, e.to_string()))?;
+        match tokio::time::timeout(CALL_TIMEOUT, self.client.request::<T>(req)).await {
+            Ok(r) => r.map_err(|e| map_error(kind, key, e)),
+            Err(_) => Err(transient(kind, key, "API call timed out")),
+        }
+    }
+}
+
+fn invalid(kind: &str, key: &str, message: String) -> ClusterError {
+    ClusterError::Invalid {
+        kind: kind.into(),
+        key: key.into(),
+        message,
+    }
+}
+
+fn transient(kind: &str, key: &str, message: &str) -> ClusterError {
+    ClusterError::Transient {
+        kind: kind.into(),
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Map kube errors onto the port's error kinds by HTTP status.
+pub fn map_error(kind: &str, key: &str, err: kube::Error) -> ClusterError {
+    let (kind, key) = (kind.to_string(), key.to_string());
+    match err {
+        kube::Error::Api(status) => match status.code {
+            404 => ClusterError::NotFound { kind, key },
+            409 if status.reason == "AlreadyExists" => ClusterError::AlreadyExists { kind, key },
+            409 => ClusterError::Conflict { kind, key },
+            422 | 400 => ClusterError::Invalid {
+                kind,
+                key,
+                message: status.message,
+            },
+            429 => ClusterError::TooManyRequests {
+                key,
+                message: status.message,
+            },
+            _ => ClusterError::Transient {
+                kind,
+                key,
+                message: format!("{} ({})", status.message, status.code),
+            },
+        },
+        kube::Error::SerdeError(e) => ClusterError::Decode {
+            kind,
+            key,
+            message: e.to_string(),
+        },
+        other => ClusterError::Transient {
+            kind,
+            key,
+            message: other.to_string(),
+        },
+    }
+}
+
+fn kind_of<K: Object>() -> String {
+    K::kind(&()).into_owned()
+}
+
+fn request_for<K: Object>(ns: Option<&str>) -> Request {
+    Request::new(K::url_path(&(), ns))
+}
+
+fn body<K: Object>(obj: &K, key: &str) -> Result<Vec<u8>, ClusterError> {
+    serde_json::to_vec(obj).map_err(|e| ClusterError::Decode {
+        kind: kind_of::<K>(),
+        key: key.into(),
+        message: e.to_string(),
+    })
+}
+
+fn meta_key<K: Object>(obj: &K) -> (Option<String>, String) {
+    let m = obj.meta();
+    (m.namespace.clone(), m.name.clone().unwrap_or_default())
+}
+
+impl Cluster for KubeCluster {
+    async fn get<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Option<K>, ClusterError> {
+        let key = object_key(ns, name);
+        let req = request_for::<K>(ns).get(name, &Default::default());
+        match self.call::<K>(&kind_of::<K>(), &key, req).await {
+            Ok(obj) => Ok(Some(obj)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list<K: Object>(
+        &self,
+        ns: Option<&str>,
+        selector: Option<&Selector>,
+    ) -> Result<Vec<K>, ClusterError> {
+        let mut lp = ListParams::default();
+        if let Some(s) = selector {
+            lp = lp.labels_from(s);
+        }
+        let req = request_for::<K>(ns).list(&lp);
+        let list: ObjectList<K> = self.call(&kind_of::<K>(), ns.unwrap_or("*"), req).await?;
+        Ok(list.items)
+    }
+
+    async fn create<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
+        let (ns, name) = meta_key(obj);
+        let key = object_key(ns.as_deref(), &name);
+        let req = request_for::<K>(ns.as_deref()).create(&post_params(), body(obj, &key)?);
+        self.call(&kind_of::<K>(), &key, req).await
+    }
+
+    async fn replace<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
+        let (ns, name) = meta_key(obj);
+        let key = object_key(ns.as_deref(), &name);
+        let req = request_for::<K>(ns.as_deref()).replace(&name, &post_params(), body(obj, &key)?);
+        self.call(&kind_of::<K>(), &key, req).await
+    }
+
+    async fn replace_status<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
+        let (ns, name) = meta_key(obj);
+        let key = object_key(ns.as_deref(), &name);
+        let req = request_for::<K>(ns.as_deref()).replace_subresource(
+            "status",
+            &name,
+            &post_params(),
+            body(obj, &key)?,
+        );
+        self.call(&kind_of::<K>(), &key, req).await
+    }
+
+    async fn patch<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<K, ClusterError> {
+        let key = object_key(ns, name);
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let req = request_for::<K>(ns).patch(name, &pp, &Patch::Merge(patch));
+        self.call(&kind_of::<K>(), &key, req).await
+    }
+
+    async fn delete<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        precondition: Option<Precondition>,
+    ) -> Result<DeleteOutcome, ClusterError> {
+        let key = object_key(ns, name);
+        let kind = kind_of::<K>();
+        let dp = DeleteParams {
+            preconditions: precondition.map(|p| Preconditions {
+                uid: p.uid,
+                resource_version: p.resource_version,
+            }),
+            ..Default::default()
+        };
+        let req = request_for::<K>(ns)
+            .delete(name, &dp)
+            .map_err(|e| invalid(&kind, &key, e.to_string()))?;
+        let fut = self.client.request_status::<K>(req);
+        let res = tokio::time::timeout(CALL_TIMEOUT, fut)
+            .await
+            .map_err(|_| transient(&kind, &key, "API call timed out"))?;
+        match res {
+            Ok(Either::Left(obj)) if obj.meta().deletion_timestamp.is_some() => {
+                Ok(DeleteOutcome::Terminating)
+            }
+            Ok(_) => Ok(DeleteOutcome::Deleted),
+            Err(e) => match map_error(&kind, &key, e) {
+                ClusterError::NotFound { .. } => Ok(DeleteOutcome::NotFound),
+                other => Err(other),
+            },
+        }
+    }
+
+    fn watch<K: Object>(&self, ns: Option<&str>) -> WatchStream<K> {
+        let (tx, rx) = mpsc::channel(256);
+        let client = self.client.clone();
+        let ns = ns.map(str::to_string);
+        tokio::spawn(async move { watch_loop::<K>(client, ns, tx).await });
+        ReceiverStream::new(rx).boxed()
+    }
+
+    async fn evict(&self, ns: &str, pod: &str) -> Result<EvictOutcome, ClusterError> {
+        let key = object_key(Some(ns), pod);
+        let eviction = Eviction {
+            metadata: kube::api::ObjectMeta {
+                name: Some(pod.into()),
+                namespace: Some(ns.into()),
+                ..Default::default()
+            },
+            delete_options: None,
+        };
+        let data =
+            serde_json::to_vec(&eviction).map_err(|e| invalid("Pod", &key, e.to_string()))?;
+        let req = request_for::<Pod>(Some(ns))
+            .create_subresource("eviction", pod, &post_params(), data)
+            .map_err(|e| invalid("Pod", &key, e.to_string()))?;
+        let fut = self.client.request_status::<Value>(req);
+        match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+            Err(_) => Err(transient("Pod", &key, "eviction timed out")),
+            Ok(Ok(_)) => Ok(EvictOutcome::Evicted),
+            Ok(Err(e)) => match map_error("Pod", &key, e) {
+                ClusterError::NotFound { .. } => Ok(EvictOutcome::NotFound),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn record_event(&self, event: EventRecord) {
+        let now = jiff::Timestamp::now();
+        let ns = event
+            .regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_string());
+        let ev = Event {
+            metadata: kube::api::ObjectMeta {
+                generate_name: Some(format!("{}.", event.regarding.name)),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some(event.regarding.api_version.clone()),
+                kind: Some(event.regarding.kind.clone()),
+                name: Some(event.regarding.name.clone()),
+                namespace: event.regarding.namespace.clone(),
+                uid: event.regarding.uid.clone(),
+                ..Default::default()
+            },
+            reason: Some(event.reason.clone()),
+            message: Some(event.message.clone()),
+            type_: Some(
+                match event.type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            source: Some(k8s_openapi::api::core::v1::EventSource {
+                component: Some(FIELD_MANAGER.into()),
+                host: None,
+            }),
+            reporting_component: Some(FIELD_MANAGER.into()),
+            reporting_instance: Some(FIELD_MANAGER.into()),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: Some(MicroTime(now)),
+            action: Some(event.reason.clone()),
+            count: Some(1),
+            ..Default::default()
+        };
+        if let Err(e) = self.create(&ev).await {
+            tracing::debug!(error = %e, reason = %event.reason, "event not recorded");
+        }
+    }
+}
+
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// List, then watch from the list's resourceVersion; re-list after `410 Gone` or a broken
+/// stream. Ends when the receiver is dropped.
+async fn watch_loop<K: Object>(
+    client: Client,
+    ns: Option<String>,
+    tx: mpsc::Sender<Result<WatchEvent<K>, ClusterError>>,
+) {
+    let kind = kind_of::<K>();
+    let key = ns.clone().unwrap_or_else(|| "*".into());
+    let mut backoff = Duration::from_millis(200);
+    'relist: loop {
+        if tx.is_closed() {
+            return;
+        }
+        let listed = async {
+            let req = request_for::<K>(ns.as_deref())
+                .list(&ListParams::default())
+                .map_err(|e| invalid(&kind, &key, e.to_string()))?;
+            tokio::time::timeout(CALL_TIMEOUT, client.request::<ObjectList<K>>(req))
+                .await
+                .map_err(|_| transient(&kind, &key, "list timed out"))?
+                .map_err(|e| map_error(&kind, &key, e))
+        }
+        .await;
+        let list = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                if tx.send(Err(e)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        let mut rv = list.metadata.resource_version.clone().unwrap_or_default();
+        if tx
+            .send(Ok(WatchEvent::Restarted(list.items)))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        loop {
+            let wp = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
+            let Ok(req) = request_for::<K>(ns.as_deref()).watch(&wp, &rv) else {
+                tokio::time::sleep(backoff).await;
+                continue 'relist;
+            };
+            let stream = match client.request_events::<K>(req).await {
+                Ok(s) => s,
+                Err(_) => {
+                    tokio::time::sleep(backoff).await;
+                    continue 'relist;
+                }
+            };
+            futures::pin_mut!(stream);
+            loop {
+                let next = stream.try_next().await;
+                let event = match next {
+                    Ok(Some(e)) => e,
+                    // The server closed the watch at its timeout: resume from rv.
+                    Ok(None) => break,
+                    Err(_) => {
+                        tokio::time::sleep(backoff).await;
+                        continue 'relist;
+                    }
+                };
+                backoff = Duration::from_millis(200);
+                let out = match event {
+                    RawWatchEvent::Added(o) | RawWatchEvent::Modified(o) => {
+                        rv = o.meta().resource_version.clone().unwrap_or(rv);
+                        WatchEvent::Applied(o)
+                    }
+                    RawWatchEvent::Deleted(o) => {
+                        rv = o.meta().resource_version.clone().unwrap_or(rv);
+                        WatchEvent::Deleted(o)
+                    }
+                    RawWatchEvent::Bookmark(b) => {
+                        rv = b.metadata.resource_version;
+                        continue;
+                    }
+                    // 410 Gone and friends: the rv is too old, start over with a list.
+                    RawWatchEvent::Error(_) => continue 'relist,
+                };
+                if tx.send(Ok(out)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

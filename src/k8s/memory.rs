@@ -184,10 +184,10 @@ fn meta_str<'a>(v: &'a Value, field: &str) -> Option<&'a str> {
 }
 
 fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
-    if !v.get("metadata").is_some_and(Value::is_object) {
-        if let Some(map) = v.as_object_mut() {
-            map.insert("metadata".into(), json!({}));
-        }
+    if !v.get("metadata").is_some_and(Value::is_object)
+        && let Some(map) = v.as_object_mut()
+    {
+        map.insert("metadata".into(), json!({}));
     }
     match v.get_mut("metadata").and_then(Value::as_object_mut) {
         Some(m) => m,
@@ -275,13 +275,12 @@ impl State {
         obj_kind: &str,
         key: &str,
     ) -> Result<(), ClusterError> {
-        if let Some(f) = &self.faults {
-            if let Some(err) = f(kind, obj_kind, key) {
-                if err.is_conflict() {
-                    self.stats.conflicts += 1;
-                }
-                return Err(err);
+        let injected = self.faults.as_ref().and_then(|f| f(kind, obj_kind, key));
+        if let Some(err) = injected {
+            if err.is_conflict() {
+                self.stats.conflicts += 1;
             }
+            return Err(err);
         }
         Ok(())
     }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what the test tiers need on a fresh Debian machine. Idempotent and quiet when all
+# is there; fails loudly when something cannot be installed (a tier must never skip).
+set -euo pipefail
+
+need=()
+command -v /usr/sbin/sshd >/dev/null 2>&1 || need+=(openssh-server)
+command -v ssh-keygen >/dev/null 2>&1 || need+=(openssh-client)
+command -v sudo >/dev/null 2>&1 || need+=(sudo)
+command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v ss >/dev/null 2>&1 || need+=(iproute2)
+
+if ((${#need[@]})); then
+  echo "test-deps: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+
+# sshd refuses to start without its privilege-separation directory.
+mkdir -p /run/sshd
+for tool in /usr/sbin/sshd ssh-keygen sudo shellcheck openssl go cargo; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "test-deps: $tool is still missing" >&2; exit 1; }
+done
