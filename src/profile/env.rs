@@ -189,7 +189,9 @@ pub fn taints_value(taints: &[Taint]) -> Result<String, EnvError> {
             t.effect.as_str(),
             "NoSchedule" | "PreferNoSchedule" | "NoExecute"
         ) {
-            return Err(bad("effect is not NoSchedule, PreferNoSchedule or NoExecute"));
+            return Err(bad(
+                "effect is not NoSchedule, PreferNoSchedule or NoExecute",
+            ));
         }
         let s = if t.value.is_empty() {
             format!("{}:{}", t.key, t.effect)
@@ -222,11 +224,18 @@ pub fn build_env(phase: Phase, ctx: &PhaseContext) -> Result<Env, EnvError> {
     let full = phase != Phase::Leave;
     let plain = |s: &str| EnvValue::Plain(if full { s.to_string() } else { String::new() });
     let (labels, taints) = if full {
-        (node_labels_value(&ctx.node_labels)?, taints_value(&ctx.taints)?)
+        (
+            node_labels_value(&ctx.node_labels)?,
+            taints_value(&ctx.taints)?,
+        )
     } else {
         (String::new(), String::new())
     };
-    insert(&mut env, CLUSTER_ENDPOINT.into(), plain(&ctx.cluster_endpoint))?;
+    insert(
+        &mut env,
+        CLUSTER_ENDPOINT.into(),
+        plain(&ctx.cluster_endpoint),
+    )?;
     insert(&mut env, CLUSTER_CA_B64.into(), plain(&ctx.cluster_ca_b64))?;
     let token = match (&ctx.bootstrap_token, phase) {
         (Some(t), Phase::Join) => EnvValue::Secret(t.clone()),
@@ -287,9 +296,12 @@ mod tests {
             node_address: "10.1.0.10".into(),
             ..Default::default()
         };
-        c.node_labels.insert("karpenter.sh/nodepool".into(), "default".into());
-        c.node_labels.insert("kubernetes.io/arch".into(), "amd64".into());
-        c.node_labels.insert("node-role.kubernetes.io/worker".into(), "".into());
+        c.node_labels
+            .insert("karpenter.sh/nodepool".into(), "default".into());
+        c.node_labels
+            .insert("kubernetes.io/arch".into(), "amd64".into());
+        c.node_labels
+            .insert("node-role.kubernetes.io/worker".into(), "".into());
         c.taints.push(Taint {
             key: "dedicated".into(),
             value: "gpu".into(),
@@ -306,7 +318,10 @@ mod tests {
         // S14
         let env = build_env(Phase::Join, &ctx()).unwrap();
         let get = |n: &str| env.get(n).map(|v| v.expose().to_string());
-        assert_eq!(get(BOOTSTRAP_TOKEN).as_deref(), Some("abcdef.0123456789abcdef"));
+        assert_eq!(
+            get(BOOTSTRAP_TOKEN).as_deref(),
+            Some("abcdef.0123456789abcdef")
+        );
         assert!(env[BOOTSTRAP_TOKEN].is_secret());
         assert_eq!(get(PROVIDER_ID).as_deref(), Some("kpssh://kpssh-system/h1"));
         assert_eq!(get(NODE_NAME).as_deref(), Some("default-x7k2p"));
@@ -318,10 +333,16 @@ mod tests {
             get(TAINTS).as_deref(),
             Some("karpenter.sh/unregistered:NoExecute,dedicated=gpu:NoSchedule")
         );
-        assert_eq!(get(CLUSTER_ENDPOINT).as_deref(), Some("https://10.0.0.1:6443"));
+        assert_eq!(
+            get(CLUSTER_ENDPOINT).as_deref(),
+            Some("https://10.0.0.1:6443")
+        );
         assert_eq!(get(CLUSTER_CA_B64).as_deref(), Some("Q0EK"));
         assert_eq!(get("KPSSH_VAR_k8sMinor").as_deref(), Some("1.34"));
-        assert_eq!(get("KPSSH_SECRET_ACTIVATION_ID").as_deref(), Some("act-id-1234"));
+        assert_eq!(
+            get("KPSSH_SECRET_ACTIVATION_ID").as_deref(),
+            Some("act-id-1234")
+        );
         assert!(env["KPSSH_SECRET_ACTIVATION_ID"].is_secret());
         assert_eq!(get(HOST_ADDRESS).as_deref(), Some("192.0.2.10"));
         assert_eq!(get(NODE_ADDRESS).as_deref(), Some("10.1.0.10"));
@@ -491,7 +512,8 @@ mod tests {
             }
         );
         let mut c = ctx();
-        c.secrets.insert("has space".into(), Secret::new("whatever-123"));
+        c.secrets
+            .insert("has space".into(), Secret::new("whatever-123"));
         assert!(matches!(
             build_env(Phase::Join, &c),
             Err(EnvError::InvalidName { .. })
@@ -521,7 +543,10 @@ mod tests {
     fn debug_hides_secret_values() {
         let env = build_env(Phase::Join, &ctx()).unwrap();
         let d = format!("{env:?}");
-        assert!(!d.contains("0123456789abcdef") && !d.contains("act-id-1234"), "{d}");
+        assert!(
+            !d.contains("0123456789abcdef") && !d.contains("act-id-1234"),
+            "{d}"
+        );
         assert!(d.contains("1.34"));
     }
 }

