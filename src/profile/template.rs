@@ -1685,4 +1685,22 @@ mod tests {
         assert_eq!((e.line, e.col), (2, 7));
         assert_eq!(render("grüße {{ .NodeName }}").unwrap(), "grüße node-a");
     }
+
+    proptest::proptest! {
+        /// Parsing and rendering arbitrary text never panics (profiles are external data).
+        #[test]
+        fn prop_parse_and_render_never_panic(src in "(\\{\\{-? ?|-?\\}\\}| |\\.[A-Za-z]{1,4}|\\$[a-z]?|[a-z]{1,5}|\"[^\"]{0,3}\"?|`|[0-9]|[|():=,/*-]|ü|\n){0,24}") {
+            if let Ok(t) = Template::parse(&src) {
+                let _ = t.render(&root());
+                let _ = t.data_refs();
+            }
+        }
+
+        /// Text without `{{` renders to itself, byte for byte.
+        #[test]
+        fn prop_plain_text_is_identity(src in "[^{]*") {
+            let t = Template::parse(&src).unwrap();
+            proptest::prop_assert_eq!(t.render(&root()).unwrap(), src.as_bytes());
+        }
+    }
 }
