@@ -287,3 +287,51 @@ fn shipped_style_profiles_validate() {
     validate_profile(&p).unwrap();
     check_verified_profile(&p).unwrap();
 }
+
+#[test]
+fn every_error_names_the_profile_and_its_phase() {
+    // S32: messages are what the node class condition shows.
+    let cases: Vec<ProfileError> = vec![
+        ProfileError::MissingScript {
+            profile: "p1".into(),
+            phase: Phase::Join,
+        },
+        ProfileError::ScriptTooLarge {
+            profile: "p1".into(),
+            phase: Phase::Install,
+            size: 300_000,
+        },
+        ProfileError::BadTimeout {
+            profile: "p1".into(),
+            phase: Phase::Leave,
+            value: "1.5h".into(),
+        },
+        ProfileError::LeaveNeedsContext {
+            profile: "p1".into(),
+            reason: "references .Vars (line 1, col 4)".into(),
+        },
+        ProfileError::VerifiedTemplated {
+            profile: "p1".into(),
+            phase: Phase::Join,
+        },
+        ProfileError::NoClusterEndpoint {
+            profile: "p1".into(),
+            phase: Phase::Join,
+        },
+    ];
+    for e in cases {
+        let msg = e.to_string();
+        let phase = e.phase().unwrap();
+        assert!(msg.starts_with("profile p1: "), "{msg}");
+        assert!(msg.contains(phase.as_str()), "{msg}");
+    }
+    let e = ProfileError::BadVersion {
+        profile: "p1".into(),
+        value: "a b".into(),
+    };
+    assert_eq!(e.phase(), None);
+    assert_eq!(
+        e.to_string(),
+        "profile p1: version \"a b\" does not match ^[A-Za-z0-9._-]{1,63}$"
+    );
+}
