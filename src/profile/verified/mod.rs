@@ -1,0 +1,1 @@
+//! Verified execution (SSHSIG, envelopes).
