@@ -1,1 +1,3 @@
-//! See docs/architecture.md.
+//! The parts of Karpenter core that kpssh provides itself (DESIGN §2, "karpenter layer").
+
+pub mod quantity;

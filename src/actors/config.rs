@@ -1,0 +1,47 @@
+//! Controller settings. Defaults follow DESIGN §1 and the scenarios.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Namespace holding every SSHHost and its key Secret.
+    pub pool_namespace: String,
+    /// Probe period of an unchanged host (S4).
+    pub probe_interval: Duration,
+    /// `lastProbeTime` is refreshed at most this often when nothing else changed.
+    pub probe_refresh: Duration,
+    /// Timeout of one probe (dial, handshake and command).
+    pub probe_timeout: Duration,
+    /// A NodeClaim whose Node has not registered after this long is given up (S37).
+    pub registration_timeout: Duration,
+    /// Adopt mode: how long to wait for the Node to appear (S21).
+    pub adopt_timeout: Duration,
+    /// Fleet-wide bounds so that thousands of hosts never stampede.
+    pub max_concurrent_probes: usize,
+    pub max_concurrent_phases: usize,
+    pub ssh_dials_per_second: u32,
+    /// First retry delay after a failed probe or API write; doubles up to `retry_max`.
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    /// Bootstrap token lifetime.
+    pub token_ttl: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            pool_namespace: crate::api::DEFAULT_POOL_NAMESPACE.to_string(),
+            probe_interval: Duration::from_secs(120),
+            probe_refresh: Duration::from_secs(15 * 60),
+            probe_timeout: Duration::from_secs(30),
+            registration_timeout: Duration::from_secs(15 * 60),
+            adopt_timeout: Duration::from_secs(4 * 60),
+            max_concurrent_probes: 64,
+            max_concurrent_phases: 32,
+            ssh_dials_per_second: 50,
+            retry_base: Duration::from_secs(5),
+            retry_max: Duration::from_secs(300),
+            token_ttl: Duration::from_secs(3600),
+        }
+    }
+}

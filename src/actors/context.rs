@@ -1,0 +1,173 @@
+//! What every actor is handed: the ports, the clock, the settings and the shared limits.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::api::SSHHost;
+use crate::clock::Clock;
+use crate::k8s::Cluster;
+use crate::ssh::Transport;
+
+use super::Config;
+use super::limits::Limits;
+
+pub struct Context<C: Cluster, T: Transport> {
+    pub cluster: C,
+    pub transport: Arc<T>,
+    pub clock: Clock,
+    pub config: Arc<Config>,
+    pub limits: Limits,
+    /// Latest SSHHost objects as the supervisor's watch delivered them, by name. Read by the
+    /// router to choose hosts; written only by the supervisor. Ordered for determinism.
+    pub hosts: HostView,
+    /// The one random source (token values, jitter): seeded, so a simulation run replays.
+    rng: Arc<Mutex<ChaCha8Rng>>,
+}
+
+impl<C: Cluster, T: Transport> Clone for Context<C, T> {
+    fn clone(&self) -> Self {
+        Context {
+            cluster: self.cluster.clone(),
+            transport: self.transport.clone(),
+            clock: self.clock.clone(),
+            config: self.config.clone(),
+            limits: self.limits.clone(),
+            hosts: self.hosts.clone(),
+            rng: self.rng.clone(),
+        }
+    }
+}
+
+impl<C: Cluster, T: Transport> Context<C, T> {
+    /// `seed`: `Some` in the simulation and tests, `None` in production (OS entropy).
+    pub fn new(
+        cluster: C,
+        transport: Arc<T>,
+        clock: Clock,
+        config: Config,
+        seed: Option<u64>,
+    ) -> Self {
+        let limits = Limits::new(&config);
+        let rng = match seed {
+            Some(s) => ChaCha8Rng::seed_from_u64(s),
+            None => ChaCha8Rng::from_os_rng(),
+        };
+        Context {
+            cluster,
+            transport,
+            clock,
+            config: Arc::new(config),
+            limits,
+            hosts: HostView::default(),
+            rng: Arc::new(Mutex::new(rng)),
+        }
+    }
+
+    pub fn rng(&self) -> MutexGuard<'_, ChaCha8Rng> {
+        self.rng.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn pool_ns(&self) -> &str {
+        &self.config.pool_namespace
+    }
+}
+
+/// A read-mostly snapshot of the pool, kept current by the SSHHost watch and by the writes
+/// of the controller itself, with an index from claim UID to host.
+#[derive(Clone, Default)]
+pub struct HostView {
+    inner: Arc<RwLock<ViewInner>>,
+}
+
+#[derive(Default)]
+struct ViewInner {
+    hosts: BTreeMap<String, SSHHost>,
+    by_claim: BTreeMap<String, String>,
+}
+
+impl ViewInner {
+    fn insert(&mut self, host: SSHHost) {
+        let name = host.metadata.name.clone().unwrap_or_default();
+        self.remove(&name);
+        if let Some(c) = host.claim() {
+            self.by_claim.insert(c.uid.clone(), name.clone());
+        }
+        self.hosts.insert(name, host);
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(old) = self.hosts.remove(name)
+            && let Some(c) = old.claim()
+            && self.by_claim.get(&c.uid).is_some_and(|h| h == name)
+        {
+            self.by_claim.remove(&c.uid);
+        }
+    }
+}
+
+impl HostView {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, ViewInner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, ViewInner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn upsert(&self, host: SSHHost) {
+        let name = host.metadata.name.clone().unwrap_or_default();
+        let mut view = self.write();
+        // Never go back in time: a stale event must not overwrite a newer write we saw.
+        let newer = view.hosts.get(&name).is_none_or(|old| rv(old) <= rv(&host));
+        if newer {
+            view.insert(host);
+        }
+    }
+
+    pub fn remove(&self, name: &str) {
+        self.write().remove(name);
+    }
+
+    pub fn replace_all(&self, hosts: Vec<SSHHost>) {
+        let mut view = self.write();
+        *view = ViewInner::default();
+        for h in hosts {
+            view.insert(h);
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<SSHHost> {
+        self.read().hosts.get(name).cloned()
+    }
+
+    /// The host whose claim carries this NodeClaim UID.
+    pub fn holder(&self, claim_uid: &str) -> Option<String> {
+        self.read().by_claim.get(claim_uid).cloned()
+    }
+
+    /// Every host, in name order.
+    pub fn snapshot(&self) -> Vec<SSHHost> {
+        self.read().hosts.values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().hosts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// resourceVersion as a number for ordering; the API server's are opaque, but etcd's and the
+/// in-memory store's are monotonically increasing integers.
+fn rv(h: &SSHHost) -> u64 {
+    h.metadata
+        .resource_version
+        .as_deref()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,665 @@
+//! Launch (S13–S22): the router claimed this host for a NodeClaim. Resolve and render
+//! everything first — a configuration error never touches the host and mints no token — then
+//! install when the marker is not current, record and mint the bootstrap token, and join.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use rand::Rng;
+use serde_json::json;
+
+use super::phases::{PhaseFailure, plan, run_phase};
+use super::probe::write;
+use super::registration::{TOKEN_NAMESPACE, delete_token, static_provider_id, token_secret_name};
+use super::{HostActorState, target};
+use crate::actors::drift::nodeclass_hash;
+use crate::actors::events;
+use crate::actors::status::ProbeStamp;
+use crate::api::karpenter::{
+    ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL, ZONE_LABEL,
+};
+use crate::api::nodeclass::ProviderIdSource;
+use crate::api::{
+    ClaimRef, HostState, NODECLASS_HASH_ANNOTATION, NODECLASS_HASH_VERSION,
+    NODECLASS_HASH_VERSION_ANNOTATION, NodeClaim, SSHJoinProfile, SSHNodeClass,
+};
+use crate::k8s::{Cluster, ClusterError, EventType};
+use crate::karpenter::quantity;
+use crate::profile::phase::{Phase, PhaseContext, Taint};
+use crate::secret::Secret;
+use crate::ssh::Transport;
+
+/// Group the minted tokens authenticate as (bind it to system:node-bootstrapper).
+pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers:kpssh";
+
+/// Everything a launch needs, resolved before the host is touched.
+struct Plan {
+    claim: NodeClaim,
+    class: SSHNodeClass,
+    profile: SSHJoinProfile,
+    ctx: PhaseContext,
+}
+
+pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, claim: &ClaimRef) {
+    // The router's claim write may not have reached us through the watch yet.
+    if state.host.claim() != Some(claim) {
+        let _ = state.refresh().await;
+    }
+    if state.host.claim() != Some(claim) || state.state() != HostState::Claimed {
+        return;
+    }
+    let plan = match resolve(state, claim).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return,
+        Err(f) => return fail(state, claim, None, f).await,
+    };
+    let nodeclaim = plan.claim.clone();
+    if let Err(f) = launch(state, &plan).await {
+        return fail(state, claim, Some(&nodeclaim), f).await;
+    }
+    if let Err(e) = report_launched(state, &plan).await {
+        tracing::warn!(host = %state.key(), error = %e, "launched, but the NodeClaim status was not written");
+    }
+}
+
+async fn launch<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    plan: &Plan,
+) -> Result<(), PhaseFailure> {
+    let ns = state.ctx.pool_ns().to_string();
+    let target = target::host_target(&state.ctx.cluster, &ns, &state.host)
+        .await
+        .map_err(|e| PhaseFailure::config(e.to_string()))?;
+    let marker = plan.profile.marker();
+    let installed = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.installed_profile.clone());
+    if installed.as_deref() != Some(marker.as_str()) {
+        run_phase(state, &target, &plan.profile, Phase::Install, &plan.ctx).await?;
+        write(state, ProbeStamp::Keep, |s| {
+            s.installed_profile = Some(marker.clone())
+        })
+        .await
+        .map_err(api_failure)?;
+    }
+    let token = token(state).await.map_err(api_failure)?;
+    let mut ctx = plan.ctx.clone();
+    ctx.bootstrap_token = Some(token);
+    run_phase(state, &target, &plan.profile, Phase::Join, &ctx).await?;
+    let provider_id = (!ctx.provider_id.is_empty()).then(|| ctx.provider_id.clone());
+    let adopt = provider_id.is_none();
+    write(state, ProbeStamp::Keep, |s| s.provider_id = provider_id)
+        .await
+        .map_err(api_failure)?;
+    if adopt {
+        // S21: the Node must show up (by InternalIP) before the deadline, or the host leaves.
+        let me = state.myself.clone();
+        let after = state.ctx.config.adopt_timeout;
+        let claim = plan_claim_ref(plan);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Some(c) = claim {
+                let _ = me.send_message(super::HostMsg::AdoptDeadline(c));
+            }
+        });
+    }
+    Ok(())
+}
+
+fn plan_claim_ref(plan: &Plan) -> Option<ClaimRef> {
+    Some(ClaimRef {
+        name: plan.claim.metadata.name.clone()?,
+        uid: plan.claim.metadata.uid.clone()?,
+    })
+}
+
+/// S21: no Node was adopted in time. Run leave so no kubelet stays behind, then release the
+/// host and fail the NodeClaim.
+pub async fn adopt_deadline<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: &ClaimRef,
+) {
+    let _ = state.refresh().await;
+    let waiting = state.host.claim() == Some(claim)
+        && state.state() == HostState::Claimed
+        && state
+            .host
+            .status
+            .as_ref()
+            .and_then(|s| s.provider_id.as_ref())
+            .is_none();
+    if !waiting {
+        return;
+    }
+    let left = super::registration::leave(state).await;
+    let message = format!(
+        "{}: no Node with InternalIP {} and a provider ID appeared within {:?} (providerIDSource Adopt); leave {}",
+        state.key(),
+        state.host.node_address(),
+        state.ctx.config.adopt_timeout,
+        if left.is_ok() { "ran" } else { "failed" }
+    );
+    let failure = PhaseFailure {
+        message,
+        touched_host: left.is_err(),
+    };
+    fail(state, claim, None, failure).await;
+}
+
+fn api_failure(e: ClusterError) -> PhaseFailure {
+    PhaseFailure {
+        message: e.to_string(),
+        touched_host: true,
+    }
+}
+
+/// Resolve node class, profile, secrets and endpoint, and render every phase once with a
+/// placeholder token, so that any configuration error surfaces before the host is touched.
+async fn resolve<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: &ClaimRef,
+) -> Result<Option<Plan>, PhaseFailure> {
+    let cluster = state.ctx.cluster.clone();
+    let cfg = |e: ClusterError| PhaseFailure::config(e.to_string());
+    let nodeclaim: Option<NodeClaim> = cluster.get(None, &claim.name).await.map_err(cfg)?;
+    let Some(nodeclaim) = nodeclaim.filter(|n| n.metadata.uid.as_deref() == Some(&claim.uid))
+    else {
+        // S26: the claim is stale; the probe path releases it.
+        let _ = super::registration::release_if_stale(state).await;
+        return Ok(None);
+    };
+    if launched(&nodeclaim) {
+        // A duplicate Launch (router restart): the join already succeeded.
+        return Ok(None);
+    }
+    let class_name = nodeclaim.spec.node_class_ref.name.clone();
+    let class: SSHNodeClass = cluster
+        .get(None, &class_name)
+        .await
+        .map_err(cfg)?
+        .ok_or_else(|| PhaseFailure::config(format!("SSHNodeClass {class_name} not found")))?;
+    let profile_name = class.spec.join_profile_ref.name.clone();
+    let profile: SSHJoinProfile = cluster.get(None, &profile_name).await.map_err(cfg)?.ok_or_else(|| {
+        PhaseFailure::config(format!(
+            "SSHJoinProfile {profile_name} (spec.joinProfileRef of SSHNodeClass {class_name}) not found"
+        ))
+    })?;
+    let secrets = join_secrets(state, &class).await?;
+    let (endpoint, ca) = cluster_endpoint(&cluster, &class).await?;
+    let ns = state.ctx.pool_ns().to_string();
+    let provider_id = match class.spec.provider_id_source {
+        ProviderIdSource::Static => static_provider_id(&ns, &state.name),
+        ProviderIdSource::Adopt => String::new(),
+    };
+    let ctx = PhaseContext {
+        cluster_endpoint: endpoint,
+        cluster_ca_b64: ca,
+        bootstrap_token: None,
+        node_name: claim.name.clone(),
+        provider_id,
+        node_labels: node_labels(&nodeclaim, state.host.class(), arch(state)),
+        taints: taints(&nodeclaim),
+        host_address: state.host.spec.address.clone(),
+        node_address: state.host.node_address().to_string(),
+        vars: class.spec.vars.clone().unwrap_or_default(),
+        secrets,
+    };
+    let mut dry = ctx.clone();
+    dry.bootstrap_token = Some(Secret::new("abcdef.0123456789abcdef"));
+    for phase in [Phase::Install, Phase::Join, Phase::Leave] {
+        plan(&state.host, &profile, phase, &dry)?;
+    }
+    Ok(Some(Plan {
+        claim: nodeclaim,
+        class,
+        profile,
+        ctx,
+    }))
+}
+
+fn launched(nc: &NodeClaim) -> bool {
+    nc.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Launched" && c.status == "True")
+    })
+}
+
+fn arch<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> String {
+    state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_arch.clone())
+        .unwrap_or_else(|| "amd64".into())
+}
+
+fn node_labels(nc: &NodeClaim, class: &str, arch: String) -> BTreeMap<String, String> {
+    let mut labels = nc.metadata.labels.clone().unwrap_or_default();
+    labels.insert(INSTANCE_TYPE_LABEL.into(), class.into());
+    labels.insert(ARCH_LABEL.into(), arch);
+    labels.insert(OS_LABEL.into(), "linux".into());
+    labels.insert(ZONE_LABEL.into(), "pool".into());
+    labels.insert(CAPACITY_TYPE_LABEL.into(), "on-demand".into());
+    labels
+}
+
+fn taints(nc: &NodeClaim) -> Vec<Taint> {
+    nc.spec
+        .taints
+        .iter()
+        .chain(nc.spec.startup_taints.iter())
+        .map(|t| Taint {
+            key: t.key.clone(),
+            value: t.value.clone().unwrap_or_default(),
+            effect: t.effect.clone(),
+        })
+        .collect()
+}
+
+/// `joinSecretRef`'s keys and values (S14), read only at join time.
+async fn join_secrets<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    class: &SSHNodeClass,
+) -> Result<BTreeMap<String, Secret>, PhaseFailure> {
+    let Some(r) = &class.spec.join_secret_ref else {
+        return Ok(BTreeMap::new());
+    };
+    let ns = state.ctx.pool_ns();
+    let secret: KubeSecret = state
+        .ctx
+        .cluster
+        .get(Some(ns), &r.name)
+        .await
+        .map_err(|e| PhaseFailure::config(e.to_string()))?
+        .ok_or_else(|| {
+            PhaseFailure::config(format!(
+                "Secret {ns}/{} (spec.joinSecretRef of SSHNodeClass {}) not found",
+                r.name,
+                class.metadata.name.as_deref().unwrap_or_default()
+            ))
+        })?;
+    Ok(secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, Secret::new(String::from_utf8_lossy(&v.0).into_owned())))
+        .collect())
+}
+
+/// S22: `spec.cluster` wins, else `kube-public/cluster-info`; neither is a configuration error.
+async fn cluster_endpoint<C: Cluster>(
+    cluster: &C,
+    class: &SSHNodeClass,
+) -> Result<(String, String), PhaseFailure> {
+    if let Some(c) = &class.spec.cluster {
+        return Ok((c.endpoint.clone(), c.ca_bundle.clone().unwrap_or_default()));
+    }
+    let missing = || {
+        PhaseFailure::config(format!(
+            "no cluster endpoint: set spec.cluster on SSHNodeClass {} or publish kube-public/cluster-info",
+            class.metadata.name.as_deref().unwrap_or_default()
+        ))
+    };
+    let cm: Option<ConfigMap> = cluster
+        .get(Some("kube-public"), "cluster-info")
+        .await
+        .map_err(|e| PhaseFailure::config(e.to_string()))?;
+    let kubeconfig = cm
+        .and_then(|c| c.data)
+        .and_then(|d| d.get("kubeconfig").cloned())
+        .ok_or_else(missing)?;
+    let parsed: serde_yaml::Value = serde_yaml::from_str(&kubeconfig).map_err(|_| missing())?;
+    let entry = &parsed["clusters"][0]["cluster"];
+    let server = entry["server"].as_str().ok_or_else(missing)?.to_string();
+    let ca = entry["certificate-authority-data"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    Ok((server, ca))
+}
+
+/// The bootstrap token for this launch: the one recorded on the host if its Secret still
+/// exists (a resumed launch, S20), else a new one — recorded in status **before** the Secret is
+/// created, so a crash in between can never orphan a token (S27).
+async fn token<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<Secret, ClusterError> {
+    let recorded = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.bootstrap_token_id.clone());
+    let id = match recorded {
+        Some(id) => {
+            let existing: Option<KubeSecret> = state
+                .ctx
+                .cluster
+                .get(Some(TOKEN_NAMESPACE), &token_secret_name(&id))
+                .await?;
+            let secret_half = existing.and_then(|s| s.data).and_then(|d| {
+                d.get("token-secret")
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            });
+            if let Some(half) = secret_half {
+                return Ok(Secret::new(format!("{id}.{half}")));
+            }
+            id
+        }
+        None => {
+            let id = random_token_part(state, 6);
+            write(state, ProbeStamp::Keep, |s| {
+                s.bootstrap_token_id = Some(id.clone())
+            })
+            .await?;
+            id
+        }
+    };
+    let half = random_token_part(state, 16);
+    let expires = state.ctx.clock.now()
+        + jiff::SignedDuration::try_from(state.ctx.config.token_ttl)
+            .unwrap_or(jiff::SignedDuration::from_hours(1));
+    let data = |v: &str| ByteString(v.as_bytes().to_vec());
+    let secret = KubeSecret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(token_secret_name(&id)),
+            namespace: Some(TOKEN_NAMESPACE.into()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "kpssh".to_string(),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("bootstrap.kubernetes.io/token".into()),
+        data: Some(BTreeMap::from([
+            ("token-id".to_string(), data(&id)),
+            ("token-secret".to_string(), data(&half)),
+            (
+                "expiration".to_string(),
+                data(&expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            ),
+            ("usage-bootstrap-authentication".to_string(), data("true")),
+            ("usage-bootstrap-signing".to_string(), data("true")),
+            ("auth-extra-groups".to_string(), data(BOOTSTRAP_GROUP)),
+            (
+                "description".to_string(),
+                data(&format!("kpssh join of {}", state.key())),
+            ),
+        ])),
+        ..Default::default()
+    };
+    match state.ctx.cluster.create(&secret).await {
+        Ok(_) => {}
+        // A previous attempt created it but crashed before reading it back: replace it.
+        Err(ClusterError::AlreadyExists { .. }) => {
+            state
+                .ctx
+                .cluster
+                .delete::<KubeSecret>(Some(TOKEN_NAMESPACE), &token_secret_name(&id), None)
+                .await?;
+            state.ctx.cluster.create(&secret).await?;
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(Secret::new(format!("{id}.{half}")))
+}
+
+fn random_token_part<C: Cluster, T: Transport>(state: &HostActorState<C, T>, len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = state.ctx.rng();
+    (0..len)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// S17/S18: release the host (Unhealthy if the host was touched, else Available), delete the
+/// token, and fail the NodeClaim with a redacted explanation.
+async fn fail<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: &ClaimRef,
+    nodeclaim: Option<&NodeClaim>,
+    failure: PhaseFailure,
+) {
+    let _ = delete_token(state).await;
+    let touched = failure.touched_host;
+    let message = failure.message.clone();
+    let released = write(state, ProbeStamp::Keep, |s| {
+        s.claim_ref = None;
+        s.provider_id = None;
+        s.bootstrap_token_id = None;
+        if touched {
+            s.state = HostState::Unhealthy;
+            s.last_probe_error = Some(message.clone());
+        } else {
+            s.state = HostState::Available;
+        }
+    })
+    .await;
+    if let Err(e) = released {
+        tracing::warn!(host = %state.key(), error = %e, "could not release host after failed launch");
+    }
+    let reason = if touched {
+        events::LAUNCH_FAILED
+    } else {
+        events::CONFIGURATION_ERROR
+    };
+    let nodeclaim = match nodeclaim {
+        Some(n) => Some(n.clone()),
+        None => state
+            .ctx
+            .cluster
+            .get::<NodeClaim>(None, &claim.name)
+            .await
+            .ok()
+            .flatten(),
+    };
+    if let Some(nc) = nodeclaim.filter(|n| n.metadata.uid.as_deref() == Some(&claim.uid)) {
+        events::record(
+            &state.ctx.cluster,
+            &nc,
+            EventType::Warning,
+            reason,
+            failure.message.clone(),
+        )
+        .await;
+        let _ = set_launched(
+            &state.ctx.cluster,
+            &nc,
+            false,
+            reason,
+            &failure.message,
+            &state.ctx.clock,
+        )
+        .await;
+        // Karpenter semantics: a NodeClaim whose launch failed is deleted and provisioning
+        // tries again; its Release finds the host already released (fenced by UID).
+        let _ = state
+            .ctx
+            .cluster
+            .delete::<NodeClaim>(
+                None,
+                &claim.name,
+                Some(crate::k8s::Precondition {
+                    uid: Some(claim.uid.clone()),
+                    resource_version: None,
+                }),
+            )
+            .await;
+    }
+}
+
+/// Write the launch result onto the NodeClaim: provider ID, capacity, allocatable, labels and
+/// the nodeclass hash annotations; Launched=True.
+async fn report_launched<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    plan: &Plan,
+) -> Result<(), ClusterError> {
+    let cluster = state.ctx.cluster.clone();
+    let name = plan.claim.metadata.name.clone().unwrap_or_default();
+    let labels = node_labels(&plan.claim, state.host.class(), arch(state));
+    let patch = json!({"metadata": {
+        "labels": labels,
+        "annotations": {
+            NODECLASS_HASH_ANNOTATION: nodeclass_hash(&plan.class.spec),
+            NODECLASS_HASH_VERSION_ANNOTATION: NODECLASS_HASH_VERSION,
+        }
+    }});
+    let mut nc: NodeClaim = cluster.patch(None, &name, &patch).await?;
+    let capacity = host_capacity(state, plan);
+    let allocatable = allocatable(&capacity, &plan.class);
+    let provider_id = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.provider_id.clone());
+    for _ in 0..5 {
+        let status = nc.status.get_or_insert_with(Default::default);
+        if provider_id.is_some() {
+            status.provider_id = provider_id.clone();
+        }
+        status.capacity = capacity.clone();
+        status.allocatable = allocatable.clone();
+        upsert_condition(
+            &mut status.conditions,
+            "Launched",
+            true,
+            "Launched",
+            "",
+            &state.ctx.clock,
+        );
+        match cluster.replace_status(&nc).await {
+            Ok(_) => break,
+            Err(e) if e.is_conflict() => {
+                nc = cluster.get(None, &name).await?.ok_or(e)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let msg = format!("{} joined as node {name}", state.key());
+    events::record(
+        &cluster,
+        &state.host,
+        EventType::Normal,
+        events::JOINED,
+        msg,
+    )
+    .await;
+    Ok(())
+}
+
+fn host_capacity<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    plan: &Plan,
+) -> BTreeMap<String, Quantity> {
+    let mut cap = state.host.spec.capacity.clone();
+    if let Some(observed) = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_capacity.as_ref())
+    {
+        for (k, v) in observed {
+            let lower = match (quantity::parse(v), cap.get(k).and_then(quantity::parse)) {
+                (Some(o), Some(d)) => o < d,
+                _ => false,
+            };
+            if lower {
+                cap.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    cap.insert(
+        "pods".into(),
+        Quantity(plan.class.spec.max_pods.to_string()),
+    );
+    cap
+}
+
+/// Capacity less kubeReserved (never below zero).
+pub fn allocatable(
+    capacity: &BTreeMap<String, Quantity>,
+    class: &SSHNodeClass,
+) -> BTreeMap<String, Quantity> {
+    capacity
+        .iter()
+        .map(|(k, v)| {
+            let reserved = class
+                .spec
+                .kube_reserved
+                .get(k)
+                .and_then(quantity::parse)
+                .unwrap_or(0);
+            let q = match quantity::parse(v) {
+                Some(total) => {
+                    let left = (total - reserved).max(0);
+                    if k == "cpu" {
+                        Quantity(quantity::format_cpu(left))
+                    } else if k == "memory" || k == "ephemeral-storage" {
+                        Quantity(quantity::format_bytes(left))
+                    } else {
+                        Quantity((left / 1000).to_string())
+                    }
+                }
+                None => v.clone(),
+            };
+            (k.clone(), q)
+        })
+        .collect()
+}
+
+pub async fn set_launched<C: Cluster>(
+    cluster: &C,
+    nc: &NodeClaim,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    clock: &crate::clock::Clock,
+) -> Result<NodeClaim, ClusterError> {
+    let mut nc = nc.clone();
+    let status = nc.status.get_or_insert_with(Default::default);
+    upsert_condition(
+        &mut status.conditions,
+        "Launched",
+        ok,
+        reason,
+        message,
+        clock,
+    );
+    cluster.replace_status(&nc).await
+}
+
+pub fn upsert_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: &str,
+    clock: &crate::clock::Clock,
+) {
+    let status = if ok { "True" } else { "False" };
+    let cond = Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: None,
+        last_transition_time: Time(clock.now()),
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) if c.status == status && c.reason == reason && c.message == message => {}
+        Some(c) => {
+            let keep_time = c.status == status;
+            let t = c.last_transition_time.clone();
+            *c = cond;
+            if keep_time {
+                c.last_transition_time = t;
+            }
+        }
+        None => conditions.push(cond),
+    }
+}

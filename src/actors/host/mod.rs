@@ -1,0 +1,177 @@
+//! `HostActor`: the single owner of everything that touches one host. Its mailbox serialises
+//! probes, launches and releases, so no second operation can start on a host while a phase is
+//! in flight. State lives in the API; a restarted actor rebuilds from the SSHHost object.
+
+pub mod launch;
+pub mod phases;
+pub mod probe;
+pub mod registration;
+pub mod release;
+pub mod target;
+pub mod verified;
+
+use std::marker::PhantomData;
+
+use k8s_openapi::api::core::v1::Node;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::task::JoinHandle;
+
+use crate::api::{ClaimRef, HostState, SSHHost};
+use crate::k8s::Cluster;
+use crate::ssh::Transport;
+
+use super::Context;
+
+/// Messages a host actor understands.
+#[derive(Debug)]
+pub enum HostMsg {
+    /// The supervisor's watch delivered a new version of the SSHHost.
+    Observed(Box<SSHHost>),
+    /// Probe now (the periodic timer, or a spec or annotation change).
+    Probe,
+    /// The router claimed this host for a NodeClaim: install if needed, then join.
+    Launch(ClaimRef),
+    /// The NodeClaim holding this host is going away: run leave and release the host.
+    Release(ClaimRef),
+    /// A Node that may be this host's registered (Static provider ID or Adopt IP match).
+    NodeSeen(Box<Node>),
+    /// Adopt mode: the Node of this claim should have appeared by now (S21).
+    AdoptDeadline(ClaimRef),
+}
+
+pub struct HostActor<C: Cluster, T: Transport> {
+    _ports: PhantomData<fn() -> (C, T)>,
+}
+
+impl<C: Cluster, T: Transport> Default for HostActor<C, T> {
+    fn default() -> Self {
+        HostActor {
+            _ports: PhantomData,
+        }
+    }
+}
+
+/// What the actor owns besides the API object.
+pub struct HostActorState<C: Cluster, T: Transport> {
+    pub ctx: Context<C, T>,
+    pub name: String,
+    /// Latest version seen (watch or own write); every write is a CAS against it.
+    pub host: SSHHost,
+    /// A CapacityDrift event was emitted for the current episode.
+    pub drift_reported: bool,
+    pub probe_timer: Option<JoinHandle<()>>,
+    /// Consecutive failed probes, for backoff.
+    pub failures: u32,
+    /// This actor, for timers it sets itself.
+    pub myself: ActorRef<HostMsg>,
+}
+
+impl<C: Cluster, T: Transport> HostActorState<C, T> {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.ctx.pool_ns(), self.name)
+    }
+
+    /// Adopt a newer object (our own write, or a watch event), never an older one.
+    pub fn observe(&mut self, host: SSHHost) {
+        let rv = |h: &SSHHost| -> u64 {
+            h.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
+        };
+        if rv(&host) >= rv(&self.host) {
+            self.host = host.clone();
+            self.ctx.hosts.upsert(host);
+        }
+    }
+
+    /// Re-read the host after a lost CAS.
+    pub async fn refresh(&mut self) -> Result<bool, crate::k8s::ClusterError> {
+        let ns = self.ctx.pool_ns().to_string();
+        match self
+            .ctx
+            .cluster
+            .get::<SSHHost>(Some(&ns), &self.name)
+            .await?
+        {
+            Some(h) => {
+                self.observe(h);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    pub fn state(&self) -> HostState {
+        self.host.state()
+    }
+
+    /// A spec edit (S4) or a maintenance annotation flip (S7) is acted on at once.
+    fn needs_probe_now(&self, old: &SSHHost) -> bool {
+        old.metadata.generation != self.host.metadata.generation
+            || old.in_maintenance() != self.host.in_maintenance()
+    }
+}
+
+impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
+    type Msg = HostMsg;
+    type State = HostActorState<C, T>;
+    type Arguments = (Context<C, T>, SSHHost);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        (ctx, host): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let name = host.metadata.name.clone().unwrap_or_default();
+        // Probe at once: a new host, or an actor rebuilt after a crash, learns where it stands.
+        myself.send_message(HostMsg::Probe)?;
+        let myself = myself.clone();
+        Ok(HostActorState {
+            ctx,
+            name,
+            host,
+            drift_reported: false,
+            probe_timer: None,
+            failures: 0,
+            myself,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(t) = state.probe_timer.take() {
+            t.abort();
+        }
+        state.ctx.transport.forget(&state.key()).await;
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(host = %state.name))]
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            HostMsg::Observed(host) => {
+                let old = state.host.clone();
+                state.observe(*host);
+                if state.needs_probe_now(&old) {
+                    probe::run(&myself, state).await;
+                }
+            }
+            HostMsg::Probe => probe::run(&myself, state).await,
+            HostMsg::Launch(claim) => launch::run(state, &claim).await,
+            HostMsg::Release(claim) => release::run(state, &claim).await,
+            HostMsg::NodeSeen(node) => registration::node_seen(state, &node).await,
+            HostMsg::AdoptDeadline(claim) => launch::adopt_deadline(state, &claim).await,
+        }
+        Ok(())
+    }
+}

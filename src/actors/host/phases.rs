@@ -1,0 +1,150 @@
+//! Running one profile phase on the host: render, build the exec plan for the host's mode,
+//! run it under the fleet-wide phase limit, and turn any failure into redacted text.
+
+use crate::api::{ExecMode, SSHHost, SSHJoinProfile};
+use crate::k8s::Cluster;
+use crate::profile::phase::{
+    ExecMode as RenderMode, Phase, PhaseContext, ProfileSource, Scripts, Timeouts, raw_plan,
+    render_phase,
+};
+use crate::ssh::{HostTarget, RemoteCommand, Transport};
+
+use super::HostActorState;
+
+/// Bytes of stderr kept (after redaction) in a failure message.
+const STDERR_TAIL: usize = 2048;
+
+/// Why a phase did not succeed. `message` is already redacted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseFailure {
+    pub message: String,
+    /// False when nothing reached the host (rendering or configuration error).
+    pub touched_host: bool,
+}
+
+impl PhaseFailure {
+    pub fn config(message: impl Into<String>) -> Self {
+        PhaseFailure {
+            message: message.into(),
+            touched_host: false,
+        }
+    }
+}
+
+/// The profile as the renderer sees it.
+pub fn profile_source(profile: &SSHJoinProfile) -> ProfileSource {
+    let s = &profile.spec;
+    ProfileSource {
+        name: profile.metadata.name.clone().unwrap_or_default(),
+        version: Some(s.version.clone()),
+        scripts: Scripts {
+            install: Some(s.scripts.install.clone()),
+            join: Some(s.scripts.join.clone()),
+            leave: Some(s.scripts.leave.clone()),
+            uninstall: s.scripts.uninstall.clone(),
+        },
+        timeouts: Timeouts {
+            install: Some(s.timeouts.install.clone()),
+            join: Some(s.timeouts.join.clone()),
+            leave: Some(s.timeouts.leave.clone()),
+        },
+    }
+}
+
+/// The context `leave` gets: the host's own addresses only (the leave contract).
+pub fn leave_context(host: &SSHHost) -> PhaseContext {
+    PhaseContext {
+        host_address: host.spec.address.clone(),
+        node_address: host.node_address().to_string(),
+        ..PhaseContext::default()
+    }
+}
+
+/// The command that runs `phase` on the host: rendered and planned, not yet sent.
+pub fn plan(
+    host: &SSHHost,
+    profile: &SSHJoinProfile,
+    phase: Phase,
+    ctx: &PhaseContext,
+) -> Result<(RemoteCommand, crate::profile::redact::Redactor), PhaseFailure> {
+    let mode = match host.spec.exec_mode {
+        ExecMode::Raw => RenderMode::Raw,
+        ExecMode::Verified => RenderMode::Verified,
+    };
+    let source = profile_source(profile);
+    let rendered =
+        render_phase(&source, phase, ctx, mode).map_err(|e| PhaseFailure::config(e.to_string()))?;
+    let redactor = rendered.redactor.clone();
+    let cmd = match host.spec.exec_mode {
+        ExecMode::Raw => {
+            let plan = raw_plan(&rendered, &host.spec.user)
+                .map_err(|e| PhaseFailure::config(e.to_string()))?;
+            RemoteCommand {
+                command: plan.command.to_string(),
+                stdin: plan.stdin,
+                timeout: rendered.timeout,
+            }
+        }
+        ExecMode::Verified => super::verified::command(host, profile, &rendered)?,
+    };
+    Ok((cmd, redactor))
+}
+
+/// Run `phase` and succeed only on exit status 0.
+pub async fn run_phase<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    target: &HostTarget,
+    profile: &SSHJoinProfile,
+    phase: Phase,
+    ctx: &PhaseContext,
+) -> Result<(), PhaseFailure> {
+    let (cmd, redactor) = plan(&state.host, profile, phase, ctx)?;
+    let _permit = state.ctx.limits.phase().await;
+    let out = state
+        .ctx
+        .transport
+        .exec(target, cmd)
+        .await
+        .map_err(|e| PhaseFailure {
+            message: redactor.redact(&e.to_string()),
+            touched_host: e.touched_host(),
+        })?;
+    if out.success() {
+        return Ok(());
+    }
+    let tail = redactor.tail_bytes(&out.stderr, STDERR_TAIL);
+    Err(PhaseFailure {
+        message: format!(
+            "{}: {phase} exited with status {}: {}",
+            state.key(),
+            out.exit_status,
+            tail.trim()
+        ),
+        touched_host: true,
+    })
+}
+
+/// The profile named by the host's install marker `<profile>@<version>` (leave's source).
+pub async fn marker_profile<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+) -> Result<SSHJoinProfile, PhaseFailure> {
+    let marker = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.installed_profile.clone())
+        .ok_or_else(|| {
+            PhaseFailure::config(format!(
+                "{}: no install marker, so no profile to take the leave script from",
+                state.key()
+            ))
+        })?;
+    let name = marker.split('@').next().unwrap_or_default().to_string();
+    match state.ctx.cluster.get::<SSHJoinProfile>(None, &name).await {
+        Ok(Some(p)) => Ok(p),
+        Ok(None) => Err(PhaseFailure::config(format!(
+            "SSHJoinProfile {name} (from install marker {marker}) not found"
+        ))),
+        Err(e) => Err(PhaseFailure::config(e.to_string())),
+    }
+}

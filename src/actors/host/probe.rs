@@ -1,0 +1,292 @@
+//! The periodic probe: reachability and facts (S1–S5), maintenance (S7), capacity drift (S6),
+//! and the checks that ride on it: stale claims (S26), token collection (S27) and the zombie
+//! guard (S9–S12).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use ractor::ActorRef;
+
+use super::{HostActorState, HostMsg, registration, target};
+use crate::actors::events;
+use crate::actors::status::{ProbeStamp, write_status};
+use crate::api::{ExecMode, HostState, SSHHost, SSHHostStatus};
+use crate::k8s::{Cluster, ClusterError, EventType};
+use crate::ssh::{ProbeReport, Transport};
+
+/// Probe once, write what changed, schedule the next probe.
+pub async fn run<C: Cluster, T: Transport>(
+    myself: &ActorRef<HostMsg>,
+    state: &mut HostActorState<C, T>,
+) {
+    let next = match probe_once(state).await {
+        Ok(()) => {
+            state.failures = 0;
+            state.ctx.config.probe_interval
+        }
+        Err(ClusterError::Conflict { .. }) => {
+            // Someone else wrote the host (a claim, most likely): re-read and look again soon.
+            let _ = state.refresh().await;
+            std::time::Duration::from_secs(1)
+        }
+        Err(e) => {
+            state.failures = state.failures.saturating_add(1);
+            tracing::warn!(host = %state.key(), error = %e, "probe bookkeeping failed");
+            backoff(state)
+        }
+    };
+    schedule(myself, state, next);
+}
+
+fn backoff<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> std::time::Duration {
+    let cfg = &state.ctx.config;
+    let exp = state.failures.min(16);
+    cfg.retry_base
+        .saturating_mul(1u32 << exp.saturating_sub(1))
+        .min(cfg.retry_max)
+        .min(cfg.probe_interval)
+}
+
+fn schedule<C: Cluster, T: Transport>(
+    myself: &ActorRef<HostMsg>,
+    state: &mut HostActorState<C, T>,
+    after: std::time::Duration,
+) {
+    if let Some(t) = state.probe_timer.take() {
+        t.abort();
+    }
+    let me = myself.clone();
+    state.probe_timer = Some(tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let _ = me.send_message(HostMsg::Probe);
+    }));
+}
+
+async fn probe_once<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<(), ClusterError> {
+    if handle_maintenance(state).await? {
+        return Ok(());
+    }
+    match state.state() {
+        // A zombie leave was cut short (crash, restart): finish it.
+        HostState::Leaving => return registration::zombie_leave(state).await,
+        HostState::Claimed | HostState::InUse if registration::release_if_stale(state).await? => {
+            return Ok(());
+        }
+        _ => {}
+    }
+    let ns = state.ctx.pool_ns().to_string();
+    let target = match target::host_target(&state.ctx.cluster, &ns, &state.host).await {
+        Ok(t) => t,
+        Err(e) => return record_failure(state, e.to_string()).await,
+    };
+    let shim = (state.host.spec.exec_mode == ExecMode::Verified)
+        .then(|| state.host.spec.shim_command.clone());
+    let result = {
+        let _permit = state.ctx.limits.probe().await;
+        let probe = state.ctx.transport.probe(&target, shim.as_deref());
+        match tokio::time::timeout(state.ctx.config.probe_timeout, probe).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "{}: probe timed out after {:?}",
+                state.key(),
+                state.ctx.config.probe_timeout
+            )),
+        }
+    };
+    match result {
+        Ok(report) => record_success(state, &report).await,
+        Err(message) => record_failure(state, message).await,
+    }
+}
+
+/// S7: an unclaimed host with the annotation is parked without any SSH; removing it sends the
+/// host back to Pending, and the probe goes on. Returns true when the probe must stop here.
+async fn handle_maintenance<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<bool, ClusterError> {
+    let parked = state.state() == HostState::Maintenance;
+    let unclaimed = matches!(
+        state.state(),
+        HostState::Pending | HostState::Available | HostState::Unhealthy | HostState::Maintenance
+    );
+    if state.host.in_maintenance() && unclaimed {
+        if !parked {
+            write(state, ProbeStamp::Keep, |s| {
+                s.state = HostState::Maintenance
+            })
+            .await?;
+        }
+        return Ok(true);
+    }
+    if parked && !state.host.in_maintenance() {
+        write(state, ProbeStamp::Keep, |s| s.state = HostState::Pending).await?;
+    }
+    Ok(false)
+}
+
+async fn record_success<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    report: &ProbeReport,
+) -> Result<(), ClusterError> {
+    let generation = state.host.metadata.generation;
+    let unclaimed = matches!(
+        state.state(),
+        HostState::Pending | HostState::Available | HostState::Unhealthy
+    );
+    // A kubelet on an unclaimed host: the zombie guard decides the state, not the probe.
+    let zombie = report.facts.kubelet_active && unclaimed;
+    let stamp = state_stamp(state);
+    write(state, stamp, |s| apply_facts(s, report, generation, zombie)).await?;
+    report_capacity_drift(state).await;
+    if zombie {
+        registration::zombie_check(state).await?;
+    }
+    if state.state() == HostState::InUse {
+        registration::collect_token(state).await?;
+    }
+    Ok(())
+}
+
+fn state_stamp<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> ProbeStamp {
+    ProbeStamp::Probed {
+        refresh: state.ctx.config.probe_refresh,
+    }
+}
+
+/// The status a successful probe implies (pure; unit-tested).
+pub fn apply_facts(
+    s: &mut SSHHostStatus,
+    report: &ProbeReport,
+    generation: Option<i64>,
+    zombie: bool,
+) {
+    if s.host_key_fingerprint.is_none() {
+        // Trust on first use: pin what we saw; the transport enforces the pin from now on.
+        s.host_key_fingerprint = Some(report.fingerprint.clone());
+    }
+    s.observed_capacity = Some(BTreeMap::from([
+        ("cpu".to_string(), Quantity(report.facts.cpu.to_string())),
+        (
+            "memory".to_string(),
+            Quantity(format!("{}Ki", report.facts.memory_kib)),
+        ),
+    ]));
+    s.observed_arch = Some(report.facts.arch.clone());
+    s.observed_generation = generation;
+    if zombie {
+        return;
+    }
+    s.last_probe_error = None;
+    if matches!(s.state, HostState::Pending | HostState::Unhealthy) {
+        s.state = HostState::Available;
+    }
+}
+
+async fn record_failure<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    message: String,
+) -> Result<(), ClusterError> {
+    let was = state.state();
+    let generation = state.host.metadata.generation;
+    let stamp = state_stamp(state);
+    write(state, stamp, |s| {
+        s.last_probe_error = Some(message.clone());
+        s.observed_generation = generation;
+        if matches!(
+            s.state,
+            HostState::Pending | HostState::Available | HostState::Unhealthy
+        ) {
+            s.state = HostState::Unhealthy;
+        }
+    })
+    .await?;
+    if was != HostState::Unhealthy && state.state() == HostState::Unhealthy {
+        events::record(
+            &state.ctx.cluster,
+            &state.host,
+            EventType::Warning,
+            events::PROBE_FAILED,
+            message,
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// S6: one warning per episode of observed capacity below the declared one.
+async fn report_capacity_drift<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>) {
+    let drifted = capacity_below_spec(&state.host);
+    if drifted && !state.drift_reported {
+        let msg = format!(
+            "observed capacity {:?} is below spec.capacity {:?}",
+            observed_summary(&state.host),
+            declared_summary(&state.host)
+        );
+        events::record(
+            &state.ctx.cluster,
+            &state.host,
+            EventType::Warning,
+            events::CAPACITY_DRIFT,
+            msg,
+        )
+        .await;
+    }
+    state.drift_reported = drifted;
+}
+
+/// Observed cpu or memory below the declared value.
+pub fn capacity_below_spec(host: &SSHHost) -> bool {
+    let Some(observed) = host
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_capacity.as_ref())
+    else {
+        return false;
+    };
+    ["cpu", "memory"].iter().any(|r| {
+        let declared = host
+            .spec
+            .capacity
+            .get(*r)
+            .and_then(crate::karpenter::quantity::parse);
+        let seen = observed.get(*r).and_then(crate::karpenter::quantity::parse);
+        matches!((declared, seen), (Some(d), Some(s)) if s < d)
+    })
+}
+
+fn observed_summary(host: &SSHHost) -> BTreeMap<String, String> {
+    host.status
+        .as_ref()
+        .and_then(|s| s.observed_capacity.as_ref())
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default()
+}
+
+fn declared_summary(host: &SSHHost) -> BTreeMap<String, String> {
+    host.spec
+        .capacity
+        .iter()
+        .filter(|(k, _)| *k == "cpu" || *k == "memory")
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect()
+}
+
+/// CAS-write the host's status and adopt the result.
+pub async fn write<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    stamp: ProbeStamp,
+    change: impl FnOnce(&mut SSHHostStatus),
+) -> Result<(), ClusterError> {
+    let updated = write_status(
+        &state.ctx.cluster,
+        &state.ctx.clock,
+        &state.host,
+        stamp,
+        change,
+    )
+    .await?;
+    state.observe(updated);
+    Ok(())
+}

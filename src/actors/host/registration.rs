@@ -1,0 +1,342 @@
+//! Claims, tokens and the zombie guard: the checks that keep a host's API record and its real
+//! kubelet in agreement (S9–S12, S26, S27, S21).
+
+use k8s_openapi::api::core::v1::{Node, Secret as KubeSecret};
+use serde_json::json;
+
+use super::phases::{PhaseFailure, leave_context, marker_profile, run_phase};
+use super::probe::write;
+use super::{HostActorState, target};
+use crate::actors::events;
+use crate::actors::status::ProbeStamp;
+use crate::api::karpenter::TERMINATION_FINALIZER;
+use crate::api::{HostState, NodeClaim};
+use crate::k8s::{Cluster, ClusterError, EventType};
+use crate::profile::phase::Phase;
+use crate::ssh::Transport;
+
+pub const TOKEN_NAMESPACE: &str = "kube-system";
+
+pub fn token_secret_name(id: &str) -> String {
+    format!("bootstrap-token-{id}")
+}
+
+/// The Static provider ID of a host.
+pub fn static_provider_id(ns: &str, host: &str) -> String {
+    format!("kpssh://{ns}/{host}")
+}
+
+/// S26: the NodeClaim holding the host is gone or its name now has another UID. Release the
+/// claim as stale (token deleted, host Pending); the zombie guard then handles any kubelet.
+pub async fn release_if_stale<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<bool, ClusterError> {
+    let Some(claim) = state.host.claim().cloned() else {
+        return Ok(false);
+    };
+    let current: Option<NodeClaim> = state.ctx.cluster.get(None, &claim.name).await?;
+    if current.is_some_and(|nc| nc.metadata.uid.as_deref() == Some(claim.uid.as_str())) {
+        return Ok(false);
+    }
+    delete_token(state).await?;
+    write(state, ProbeStamp::Keep, |s| {
+        s.state = HostState::Pending;
+        s.claim_ref = None;
+        s.provider_id = None;
+        s.bootstrap_token_id = None;
+    })
+    .await?;
+    let msg = format!(
+        "NodeClaim {} (uid {}) no longer exists; claim released",
+        claim.name, claim.uid
+    );
+    events::record(
+        &state.ctx.cluster,
+        &state.host,
+        EventType::Warning,
+        events::STALE_CLAIM,
+        msg,
+    )
+    .await;
+    Ok(true)
+}
+
+/// S27: delete the bootstrap token once the Node of this host's NodeClaim has registered.
+pub async fn collect_token<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<(), ClusterError> {
+    if state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.bootstrap_token_id.as_ref())
+        .is_none()
+    {
+        return Ok(());
+    }
+    delete_token(state).await?;
+    write(state, ProbeStamp::Keep, |s| s.bootstrap_token_id = None).await
+}
+
+/// Delete the token Secret recorded on the host, if any. Idempotent.
+pub async fn delete_token<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+) -> Result<(), ClusterError> {
+    let Some(id) = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.bootstrap_token_id.clone())
+    else {
+        return Ok(());
+    };
+    state
+        .ctx
+        .cluster
+        .delete::<KubeSecret>(Some(TOKEN_NAMESPACE), &token_secret_name(&id), None)
+        .await
+        .map(|_| ())
+}
+
+/// A Node appeared or changed: if it is this host's claim's node, the host is InUse (S37) and
+/// its token can go (S27). Adopt mode takes the Node's provider ID (S21).
+pub async fn node_seen<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, node: &Node) {
+    if let Err(e) = try_node_seen(state, node).await {
+        tracing::warn!(host = %state.key(), error = %e, "could not record registration");
+        if e.is_conflict() {
+            let _ = state.refresh().await;
+        }
+    }
+}
+
+async fn try_node_seen<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    node: &Node,
+) -> Result<(), ClusterError> {
+    let Some(claim) = state.host.claim().cloned() else {
+        return Ok(());
+    };
+    if state.state() != HostState::Claimed || node.metadata.name.as_deref() != Some(&claim.name) {
+        return Ok(());
+    }
+    let provider_id = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.clone())
+        .filter(|p| !p.is_empty());
+    let Some(provider_id) = provider_id else {
+        return Ok(());
+    };
+    let expected = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.provider_id.clone());
+    if expected.as_ref().is_some_and(|p| *p != provider_id) {
+        return Ok(());
+    }
+    delete_token(state).await?;
+    write(state, ProbeStamp::Keep, |s| {
+        s.state = HostState::InUse;
+        s.provider_id = Some(provider_id.clone());
+        s.bootstrap_token_id = None;
+    })
+    .await?;
+    if expected.is_none() {
+        adopt_into_claim(state, &claim.name, &provider_id).await?;
+    }
+    Ok(())
+}
+
+/// Adopt mode: the NodeClaim takes the provider ID the join mechanism gave the Node (S21).
+async fn adopt_into_claim<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    name: &str,
+    provider_id: &str,
+) -> Result<(), ClusterError> {
+    for _ in 0..5 {
+        let Some(mut nc) = state.ctx.cluster.get::<NodeClaim>(None, name).await? else {
+            return Ok(());
+        };
+        nc.status.get_or_insert_with(Default::default).provider_id = Some(provider_id.to_string());
+        match state.ctx.cluster.replace_status(&nc).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// S9/S10/S12: a kubelet runs on an unclaimed host. Attributable to us (install marker, or a
+/// Node with the host's IP) → fence with the Leaving CAS and run leave; otherwise park the host
+/// Unhealthy and touch nothing.
+pub async fn zombie_check<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<(), ClusterError> {
+    let marker = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.installed_profile.clone());
+    let node = node_with_ip(state).await?;
+    if marker.is_none() && node.is_none() {
+        let msg = format!(
+            "a kubelet is active on {} but kpssh never installed it and no Node has IP {}; \
+             stop it by hand or delete this SSHHost",
+            state.key(),
+            state.host.node_address()
+        );
+        let already = state.state() == HostState::Unhealthy
+            && state
+                .host
+                .status
+                .as_ref()
+                .and_then(|s| s.last_probe_error.as_ref())
+                == Some(&msg);
+        if already {
+            return Ok(());
+        }
+        write(state, ProbeStamp::Keep, |s| {
+            s.state = HostState::Unhealthy;
+            s.last_probe_error = Some(msg.clone());
+        })
+        .await?;
+        events::record(
+            &state.ctx.cluster,
+            &state.host,
+            EventType::Warning,
+            events::FOREIGN_KUBELET,
+            msg,
+        )
+        .await;
+        return Ok(());
+    }
+    // The fence: if a claim landed since we read the host, this CAS fails and the claim wins.
+    write(state, ProbeStamp::Keep, |s| s.state = HostState::Leaving).await?;
+    let msg = format!(
+        "kubelet active on unclaimed host {}; running leave",
+        state.key()
+    );
+    events::record(
+        &state.ctx.cluster,
+        &state.host,
+        EventType::Warning,
+        events::ZOMBIE_KUBELET,
+        msg,
+    )
+    .await;
+    zombie_leave(state).await
+}
+
+/// Run leave on a Leaving host, then delete the orphan Node (its kubelet is stopped now).
+pub async fn zombie_leave<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<(), ClusterError> {
+    match leave(state).await {
+        Ok(()) => {
+            if let Some(node) = node_with_ip(state).await? {
+                delete_node(state, &node).await?;
+            }
+            write(state, ProbeStamp::Keep, |s| {
+                s.state = HostState::Available;
+                s.last_probe_error = None;
+            })
+            .await?;
+            let msg = format!("leave ran on {}; the orphan kubelet is gone", state.key());
+            events::record(
+                &state.ctx.cluster,
+                &state.host,
+                EventType::Normal,
+                events::ZOMBIE_LEFT,
+                msg,
+            )
+            .await;
+        }
+        Err(f) => {
+            write(state, ProbeStamp::Keep, |s| {
+                s.state = HostState::Unhealthy;
+                s.last_probe_error = Some(f.message.clone());
+            })
+            .await?;
+            events::record(
+                &state.ctx.cluster,
+                &state.host,
+                EventType::Warning,
+                events::ZOMBIE_LEAVE_FAILED,
+                f.message,
+            )
+            .await;
+        }
+    }
+    Ok(())
+}
+
+/// Run the marker profile's leave on this host.
+pub async fn leave<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+) -> Result<(), PhaseFailure> {
+    let profile = marker_profile(state).await?;
+    let ns = state.ctx.pool_ns().to_string();
+    let target = target::host_target(&state.ctx.cluster, &ns, &state.host)
+        .await
+        .map_err(|e| PhaseFailure::config(e.to_string()))?;
+    run_phase(
+        state,
+        &target,
+        &profile,
+        Phase::Leave,
+        &leave_context(&state.host),
+    )
+    .await
+}
+
+/// The Node whose InternalIP is this host's node address. Listing Nodes happens only here, on
+/// the rare zombie path, never per probe.
+async fn node_with_ip<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+) -> Result<Option<Node>, ClusterError> {
+    let ip = state.host.node_address().to_string();
+    let nodes: Vec<Node> = state.ctx.cluster.list(None, None).await?;
+    Ok(nodes.into_iter().find(|n| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP" && a.address == ip))
+    }))
+}
+
+/// Delete a Node whose kubelet is known stopped, dropping our termination finalizer first.
+pub async fn delete_node<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    node: &Node,
+) -> Result<(), ClusterError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let has_ours = node
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == TERMINATION_FINALIZER));
+    if has_ours {
+        let rest: Vec<String> = node
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| *f != TERMINATION_FINALIZER)
+            .cloned()
+            .collect();
+        let patch = json!({"metadata": {"finalizers": rest}});
+        match state.ctx.cluster.patch::<Node>(None, &name, &patch).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    state
+        .ctx
+        .cluster
+        .delete::<Node>(None, &name, None)
+        .await
+        .map(|_| ())
+}

@@ -1,0 +1,66 @@
+//! Release (S23–S25): the NodeClaim holding the host is being deleted. Run only leave, then
+//! clear claim, provider ID and token in one CAS; the install marker stays (warm pool).
+
+use super::HostActorState;
+use super::probe::write;
+use super::registration::{delete_token, leave};
+use crate::actors::events;
+use crate::actors::status::ProbeStamp;
+use crate::api::{ClaimRef, HostState};
+use crate::k8s::{Cluster, EventType};
+use crate::ssh::Transport;
+
+pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, claim: &ClaimRef) {
+    for _ in 0..3 {
+        match try_release(state, claim).await {
+            Ok(()) => return,
+            Err(e) if e.is_conflict() => {
+                let _ = state.refresh().await;
+            }
+            Err(e) => {
+                tracing::warn!(host = %state.key(), error = %e, "release not recorded; retrying");
+                tokio::time::sleep(state.ctx.config.retry_base).await;
+                let _ = state.refresh().await;
+            }
+        }
+    }
+}
+
+async fn try_release<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: &ClaimRef,
+) -> Result<(), crate::k8s::ClusterError> {
+    if state.host.claim() != Some(claim) {
+        state.refresh().await?;
+    }
+    // S25: fenced by name and UID: a delete for a previous holder never touches the successor.
+    if state.host.claim() != Some(claim) {
+        return Ok(());
+    }
+    let outcome = leave(state).await;
+    delete_token(state).await?;
+    let failure = outcome.as_ref().err().map(|f| f.message.clone());
+    write(state, ProbeStamp::Keep, |s| {
+        s.claim_ref = None;
+        s.provider_id = None;
+        s.bootstrap_token_id = None;
+        match &failure {
+            None => s.state = HostState::Available,
+            Some(msg) => {
+                s.state = HostState::Unhealthy;
+                s.last_probe_error = Some(msg.clone());
+            }
+        }
+    })
+    .await?;
+    let (type_, reason, msg) = match failure {
+        None => (
+            EventType::Normal,
+            events::RELEASED,
+            format!("leave ran; released from NodeClaim {}", claim.name),
+        ),
+        Some(m) => (EventType::Warning, events::LEAVE_FAILED, m),
+    };
+    events::record(&state.ctx.cluster, &state.host, type_, reason, msg).await;
+    Ok(())
+}

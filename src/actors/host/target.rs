@@ -1,0 +1,111 @@
+//! How to reach a host: its spec plus the key Secret, turned into a transport target.
+
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
+use thiserror::Error;
+
+use crate::api::SSHHost;
+use crate::api::host::SecretRef;
+use crate::k8s::{Cluster, ClusterError};
+use crate::secret::Secret;
+use crate::ssh::{HostKeyPin, HostTarget};
+
+pub const PRIVATE_KEY: &str = "privateKey";
+pub const KNOWN_HOST: &str = "knownHost";
+
+/// A configuration problem found before any connection: nothing was sent to the host.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum TargetError {
+    #[error(
+        "Secret {namespace}/{name} not found: create it with the host's private key under key `privateKey`"
+    )]
+    SecretMissing { namespace: String, name: String },
+    #[error("Secret {namespace}/{name} has no `privateKey`")]
+    KeyMissing { namespace: String, name: String },
+    #[error("SSHHost {host}: port {port} is out of range")]
+    BadPort { host: String, port: i32 },
+    #[error(transparent)]
+    Api(#[from] ClusterError),
+}
+
+impl TargetError {
+    /// API trouble is worth a retry; the others wait for someone to fix the configuration.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, TargetError::Api(e) if e.is_transient())
+    }
+}
+
+/// The transport target of `host`, reading its key Secret (and the bastion's) from `ns`.
+pub async fn host_target<C: Cluster>(
+    cluster: &C,
+    ns: &str,
+    host: &SSHHost,
+) -> Result<HostTarget, TargetError> {
+    let name = host.metadata.name.clone().unwrap_or_default();
+    let id = format!("{ns}/{name}");
+    let (key, known_host) = read_key(cluster, ns, &host.spec.ssh_key_secret_ref).await?;
+    let fingerprint = host
+        .status
+        .as_ref()
+        .and_then(|s| s.host_key_fingerprint.as_deref());
+    let mut target = HostTarget {
+        host: id.clone(),
+        address: host.spec.address.clone(),
+        port: port(&id, host.spec.port)?,
+        user: host.spec.user.clone(),
+        key,
+        pin: HostKeyPin::from_sources(known_host.as_deref(), fingerprint),
+        jump: None,
+    };
+    if let Some(jump) = &host.spec.proxy_jump {
+        let (key, known_host) = read_key(cluster, ns, &jump.ssh_key_secret_ref).await?;
+        target.jump = Some(Box::new(HostTarget {
+            host: format!("{id} (bastion {})", jump.address),
+            address: jump.address.clone(),
+            port: port(&id, jump.port)?,
+            user: jump.user.clone(),
+            key,
+            pin: HostKeyPin::from_sources(known_host.as_deref(), None),
+            jump: None,
+        }));
+    }
+    Ok(target)
+}
+
+fn port(id: &str, port: i32) -> Result<u16, TargetError> {
+    u16::try_from(port)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| TargetError::BadPort {
+            host: id.to_string(),
+            port,
+        })
+}
+
+async fn read_key<C: Cluster>(
+    cluster: &C,
+    ns: &str,
+    secret_ref: &SecretRef,
+) -> Result<(Secret, Option<String>), TargetError> {
+    let secret: KubeSecret = cluster
+        .get(Some(ns), &secret_ref.name)
+        .await?
+        .ok_or_else(|| TargetError::SecretMissing {
+            namespace: ns.to_string(),
+            name: secret_ref.name.clone(),
+        })?;
+    let field = |k: &str| -> Option<String> {
+        let from_data = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+        from_data.or_else(|| secret.string_data.as_ref().and_then(|d| d.get(k)).cloned())
+    };
+    let key = field(PRIVATE_KEY)
+        .filter(|k| !k.trim().is_empty())
+        .ok_or_else(|| TargetError::KeyMissing {
+            namespace: ns.to_string(),
+            name: secret_ref.name.clone(),
+        })?;
+    Ok((Secret::new(key), field(KNOWN_HOST)))
+}

@@ -1,0 +1,325 @@
+//! Node class controller (S32, S33): the Ready condition of every SSHNodeClass, the finalizer
+//! that blocks deleting a class while NodeClaims use it, and the finalizer that keeps a profile
+//! while an install marker names it (so that leave always finds its script).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use futures::StreamExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde_json::json;
+
+use super::Context;
+use super::host::launch::upsert_condition;
+use super::host::phases::profile_source;
+use super::router::instance_types::{selects, usable};
+use crate::api::nodeclass::reason;
+use crate::api::{NodeClaim, SSHJoinProfile, SSHNodeClass, TERMINATION_FINALIZER};
+use crate::k8s::{Cluster, ClusterError, WatchEvent};
+use crate::profile::validate_profile;
+use crate::ssh::Transport;
+
+const RESYNC: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+pub enum NodeClassMsg {
+    Class(WatchEvent<SSHNodeClass>),
+    Profile(WatchEvent<SSHJoinProfile>),
+    Claim(WatchEvent<NodeClaim>),
+    Resync,
+}
+
+pub struct NodeClassController<C: Cluster, T: Transport> {
+    _ports: PhantomData<fn() -> (C, T)>,
+}
+
+impl<C: Cluster, T: Transport> Default for NodeClassController<C, T> {
+    fn default() -> Self {
+        NodeClassController {
+            _ports: PhantomData,
+        }
+    }
+}
+
+pub struct NodeClassState<C: Cluster, T: Transport> {
+    ctx: Context<C, T>,
+    classes: BTreeMap<String, SSHNodeClass>,
+    profiles: BTreeMap<String, SSHJoinProfile>,
+    /// Our NodeClaims by name → the class they reference.
+    claims: BTreeMap<String, String>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn pump<K: Send + 'static>(
+    mut stream: crate::k8s::WatchStream<K>,
+    to: ActorRef<NodeClassMsg>,
+    wrap: fn(WatchEvent<K>) -> NodeClassMsg,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(ev) = stream.next().await {
+            if let Ok(ev) = ev
+                && to.send_message(wrap(ev)).is_err()
+            {
+                return;
+            }
+        }
+    })
+}
+
+impl<C: Cluster, T: Transport> Actor for NodeClassController<C, T> {
+    type Msg = NodeClassMsg;
+    type State = NodeClassState<C, T>;
+    type Arguments = Context<C, T>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        ctx: Context<C, T>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut tasks = vec![
+            pump(
+                ctx.cluster.watch::<SSHNodeClass>(None),
+                myself.clone(),
+                NodeClassMsg::Class,
+            ),
+            pump(
+                ctx.cluster.watch::<SSHJoinProfile>(None),
+                myself.clone(),
+                NodeClassMsg::Profile,
+            ),
+            pump(
+                ctx.cluster.watch::<NodeClaim>(None),
+                myself.clone(),
+                NodeClassMsg::Claim,
+            ),
+        ];
+        let me = myself.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RESYNC).await;
+                if me.send_message(NodeClassMsg::Resync).is_err() {
+                    return;
+                }
+            }
+        }));
+        Ok(NodeClassState {
+            ctx,
+            classes: BTreeMap::new(),
+            profiles: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            tasks,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        for t in state.tasks.drain(..) {
+            t.abort();
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            NodeClassMsg::Class(ev) => apply(&mut state.classes, ev),
+            NodeClassMsg::Profile(ev) => apply(&mut state.profiles, ev),
+            NodeClassMsg::Claim(ev) => {
+                on_claim(state, ev);
+                return Ok(());
+            }
+            NodeClassMsg::Resync => {}
+        }
+        reconcile_all(state).await;
+        Ok(())
+    }
+}
+
+fn on_claim<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T>, ev: WatchEvent<NodeClaim>) {
+    let entry = |nc: &NodeClaim| {
+        Some((
+            nc.metadata.name.clone()?,
+            nc.spec.node_class_ref.name.clone(),
+        ))
+    };
+    match ev {
+        WatchEvent::Restarted(all) => {
+            state.claims = all
+                .iter()
+                .filter(|nc| nc.is_ours())
+                .filter_map(entry)
+                .collect();
+        }
+        WatchEvent::Applied(nc) if nc.is_ours() => {
+            if let Some((n, c)) = entry(&nc) {
+                state.claims.insert(n, c);
+            }
+        }
+        WatchEvent::Applied(_) => {}
+        WatchEvent::Deleted(nc) => {
+            if let Some(n) = nc.metadata.name.as_ref() {
+                state.claims.remove(n);
+            }
+        }
+    }
+}
+
+/// Fold a watch event into a name-keyed map.
+fn apply<K: kube::Resource + Clone>(map: &mut BTreeMap<String, K>, ev: WatchEvent<K>) {
+    match ev {
+        WatchEvent::Restarted(all) => {
+            map.clear();
+            for o in all {
+                if let Some(n) = o.meta().name.clone() {
+                    map.insert(n, o);
+                }
+            }
+        }
+        WatchEvent::Applied(o) => {
+            if let Some(n) = o.meta().name.clone() {
+                map.insert(n, o);
+            }
+        }
+        WatchEvent::Deleted(o) => {
+            if let Some(n) = o.meta().name.as_ref() {
+                map.remove(n);
+            }
+        }
+    }
+}
+
+async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T>) {
+    let names: Vec<String> = state.classes.keys().cloned().collect();
+    for name in names {
+        if let Err(e) = reconcile_class(state, &name).await {
+            tracing::warn!(nodeclass = %name, error = %e, "node class not reconciled");
+        }
+    }
+    if let Err(e) = reconcile_profiles(state).await {
+        tracing::warn!(error = %e, "profile finalizers not reconciled");
+    }
+}
+
+/// The Ready condition's (ok, reason, message) for a class (S32).
+pub fn readiness(
+    class: &SSHNodeClass,
+    profile: Option<&SSHJoinProfile>,
+    hosts: &[crate::api::SSHHost],
+) -> (bool, &'static str, String) {
+    let profile_name = &class.spec.join_profile_ref.name;
+    let Some(profile) = profile else {
+        return (
+            false,
+            reason::PROFILE_NOT_FOUND,
+            format!("SSHJoinProfile {profile_name} not found"),
+        );
+    };
+    if let Err(e) = validate_profile(&profile_source(profile)) {
+        return (false, reason::PROFILE_INVALID, e.to_string());
+    }
+    let mut selected = 0;
+    for h in hosts {
+        match selects(class, h) {
+            Ok(true) if usable(h) => selected += 1,
+            Ok(_) => {}
+            Err(e) => return (false, reason::SELECTOR_ERROR, e.to_string()),
+        }
+    }
+    if selected == 0 {
+        return (
+            false,
+            reason::NO_HOSTS,
+            "no probed SSHHost matches hostSelector".into(),
+        );
+    }
+    (true, reason::READY, format!("{selected} hosts selected"))
+}
+
+async fn reconcile_class<C: Cluster, T: Transport>(
+    state: &mut NodeClassState<C, T>,
+    name: &str,
+) -> Result<(), ClusterError> {
+    let Some(class) = state.classes.get(name).cloned() else {
+        return Ok(());
+    };
+    let referenced = state.claims.values().any(|c| c == name);
+    set_finalizer::<C, SSHNodeClass>(&state.ctx.cluster, &class, referenced).await?;
+    if class.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let hosts = state.ctx.hosts.snapshot();
+    let profile = state.profiles.get(&class.spec.join_profile_ref.name);
+    let (ok, why, message) = readiness(&class, profile, &hosts);
+    let mut updated = class.clone();
+    let status = updated.status.get_or_insert_with(Default::default);
+    upsert_condition(
+        &mut status.conditions,
+        "Ready",
+        ok,
+        why,
+        &message,
+        &state.ctx.clock,
+    );
+    status.observed_generation = class.metadata.generation;
+    if updated.status != class.status {
+        let stored = state.ctx.cluster.replace_status(&updated).await?;
+        state.classes.insert(name.to_string(), stored);
+    }
+    Ok(())
+}
+
+/// Profiles named by any host's install marker keep a finalizer.
+async fn reconcile_profiles<C: Cluster, T: Transport>(
+    state: &NodeClassState<C, T>,
+) -> Result<(), ClusterError> {
+    let in_use: BTreeSet<String> = state
+        .ctx
+        .hosts
+        .snapshot()
+        .iter()
+        .filter_map(|h| h.status.as_ref()?.installed_profile.clone())
+        .filter_map(|m| m.split('@').next().map(str::to_string))
+        .collect();
+    for (name, profile) in &state.profiles {
+        set_finalizer::<C, SSHJoinProfile>(&state.ctx.cluster, profile, in_use.contains(name))
+            .await?;
+    }
+    Ok(())
+}
+
+async fn set_finalizer<C: Cluster, K: crate::k8s::Object>(
+    cluster: &C,
+    obj: &K,
+    want: bool,
+) -> Result<(), ClusterError> {
+    let fins = obj.meta().finalizers.clone().unwrap_or_default();
+    let has = fins.iter().any(|f| f == TERMINATION_FINALIZER);
+    if has == want {
+        return Ok(());
+    }
+    let next: Vec<String> = if want {
+        fins.into_iter()
+            .chain([TERMINATION_FINALIZER.to_string()])
+            .collect()
+    } else {
+        fins.into_iter()
+            .filter(|f| f != TERMINATION_FINALIZER)
+            .collect()
+    };
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let patch =
+        json!({"metadata": {"finalizers": next, "resourceVersion": obj.meta().resource_version}});
+    match cluster.patch::<K>(None, &name, &patch).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+        Err(e) => Err(e),
+    }
+}

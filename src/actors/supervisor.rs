@@ -1,0 +1,267 @@
+//! `Supervisor`: watches SSHHosts in the pool namespace and Nodes; keeps one `HostActor` per
+//! host, stops it on deletion, restarts it when it fails (its state is rebuilt from the API),
+//! and forwards Node events to the host they belong to.
+
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+
+use super::Context;
+use super::host::{HostActor, HostMsg};
+use crate::api::{HostState, SSHHost};
+use crate::k8s::{Cluster, WatchEvent};
+use crate::ssh::Transport;
+
+#[derive(Debug)]
+pub enum SupervisorMsg {
+    Host(Box<WatchEvent<SSHHost>>),
+    Node(Box<WatchEvent<Node>>),
+    /// Deliver a message to a host's actor (used by the router).
+    ToHost(String, HostMsg),
+    /// A watch stream ended or failed; it is restarted by its task.
+    WatchError(String),
+}
+
+pub struct Supervisor<C: Cluster, T: Transport> {
+    _ports: PhantomData<fn() -> (C, T)>,
+}
+
+impl<C: Cluster, T: Transport> Default for Supervisor<C, T> {
+    fn default() -> Self {
+        Supervisor {
+            _ports: PhantomData,
+        }
+    }
+}
+
+pub struct SupervisorState<C: Cluster, T: Transport> {
+    ctx: Context<C, T>,
+    actors: BTreeMap<String, ActorRef<HostMsg>>,
+    names: BTreeMap<ActorId, String>,
+    watches: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState<C, T>;
+    type Arguments = Context<C, T>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        ctx: Context<C, T>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let ns = ctx.pool_ns().to_string();
+        let hosts = forward(
+            ctx.cluster.watch::<SSHHost>(Some(&ns)),
+            myself.clone(),
+            |e| SupervisorMsg::Host(Box::new(e)),
+        );
+        let nodes = forward(ctx.cluster.watch::<Node>(None), myself.clone(), |e| {
+            SupervisorMsg::Node(Box::new(e))
+        });
+        Ok(SupervisorState {
+            ctx,
+            actors: BTreeMap::new(),
+            names: BTreeMap::new(),
+            watches: vec![hosts, nodes],
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        for w in state.watches.drain(..) {
+            w.abort();
+        }
+        for actor in state.actors.values() {
+            actor.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Host(ev) => on_host_event(&myself, state, *ev).await,
+            SupervisorMsg::Node(ev) => on_node_event(state, *ev),
+            SupervisorMsg::ToHost(name, m) => {
+                if let Some(a) = state.actors.get(&name) {
+                    let _ = a.send_message(m);
+                }
+            }
+            SupervisorMsg::WatchError(e) => tracing::warn!(error = %e, "watch error"),
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let SupervisionEvent::ActorFailed(cell, err) = event {
+            let Some(name) = state.names.remove(&cell.get_id()) else {
+                return Ok(());
+            };
+            state.actors.remove(&name);
+            tracing::error!(host = %name, error = %err, "host actor failed; restarting from API state");
+            if let Some(host) = state.ctx.hosts.get(&name) {
+                spawn_host(&myself, state, host).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Pump a watch stream into the supervisor's mailbox.
+fn forward<K: Send + 'static>(
+    mut stream: crate::k8s::WatchStream<K>,
+    to: ActorRef<SupervisorMsg>,
+    wrap: fn(WatchEvent<K>) -> SupervisorMsg,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(ev) = stream.next().await {
+            let msg = match ev {
+                Ok(ev) => wrap(ev),
+                Err(e) => SupervisorMsg::WatchError(e.to_string()),
+            };
+            if to.send_message(msg).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+async fn on_host_event<C: Cluster, T: Transport>(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState<C, T>,
+    ev: WatchEvent<SSHHost>,
+) {
+    match ev {
+        WatchEvent::Restarted(hosts) => {
+            let keep: std::collections::BTreeSet<String> = hosts
+                .iter()
+                .filter_map(|h| h.metadata.name.clone())
+                .collect();
+            let gone: Vec<String> = state
+                .actors
+                .keys()
+                .filter(|n| !keep.contains(*n))
+                .cloned()
+                .collect();
+            for name in gone {
+                stop_host(state, &name);
+            }
+            state.ctx.hosts.replace_all(hosts.clone());
+            for h in hosts {
+                upsert_host(myself, state, h).await;
+            }
+        }
+        WatchEvent::Applied(h) => {
+            state.ctx.hosts.upsert(h.clone());
+            upsert_host(myself, state, h).await;
+        }
+        WatchEvent::Deleted(h) => {
+            let name = h.metadata.name.clone().unwrap_or_default();
+            state.ctx.hosts.remove(&name);
+            stop_host(state, &name);
+        }
+    }
+}
+
+async fn upsert_host<C: Cluster, T: Transport>(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState<C, T>,
+    host: SSHHost,
+) {
+    let name = host.metadata.name.clone().unwrap_or_default();
+    match state.actors.get(&name) {
+        Some(a) => {
+            let _ = a.send_message(HostMsg::Observed(Box::new(host)));
+        }
+        None => spawn_host(myself, state, host).await,
+    }
+}
+
+async fn spawn_host<C: Cluster, T: Transport>(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState<C, T>,
+    host: SSHHost,
+) {
+    let name = host.metadata.name.clone().unwrap_or_default();
+    let args = (state.ctx.clone(), host);
+    match Actor::spawn_linked(None, HostActor::<C, T>::default(), args, myself.get_cell()).await {
+        Ok((actor, _)) => {
+            state.names.insert(actor.get_id(), name.clone());
+            state.actors.insert(name, actor);
+        }
+        Err(e) => tracing::error!(host = %name, error = %e, "could not start host actor"),
+    }
+}
+
+fn stop_host<C: Cluster, T: Transport>(state: &mut SupervisorState<C, T>, name: &str) {
+    if let Some(a) = state.actors.remove(name) {
+        state.names.remove(&a.get_id());
+        a.stop(Some("SSHHost deleted".into()));
+    }
+}
+
+/// Route a Node to its host: Static provider ID `kpssh://<ns>/<host>`, else (Adopt) the
+/// claimed host whose node address is the Node's InternalIP.
+fn on_node_event<C: Cluster, T: Transport>(state: &SupervisorState<C, T>, ev: WatchEvent<Node>) {
+    let nodes = match ev {
+        WatchEvent::Applied(n) => vec![n],
+        WatchEvent::Restarted(ns) => ns,
+        WatchEvent::Deleted(_) => return,
+    };
+    let prefix = format!("kpssh://{}/", state.ctx.pool_ns());
+    for node in nodes {
+        let provider = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default();
+        let host = match provider.strip_prefix(&prefix) {
+            Some(name) => Some(name.to_string()),
+            None => adopt_candidate(state, &node),
+        };
+        if let Some(a) = host.and_then(|h| state.actors.get(&h)) {
+            let _ = a.send_message(HostMsg::NodeSeen(Box::new(node)));
+        }
+    }
+}
+
+fn adopt_candidate<C: Cluster, T: Transport>(
+    state: &SupervisorState<C, T>,
+    node: &Node,
+) -> Option<String> {
+    let ips: Vec<String> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| {
+            a.iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .map(|a| a.address.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    state
+        .ctx
+        .hosts
+        .snapshot()
+        .into_iter()
+        .find(|h| h.state() == HostState::Claimed && ips.iter().any(|ip| ip == h.node_address()))
+        .and_then(|h| h.metadata.name)
+}

@@ -1,0 +1,282 @@
+//! A running controller against the in-memory cluster and simulated hosts: what scenario
+//! tests and `kpssh sim` drive. Runs on tokio's clock; pause it for determinism.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::ObjectMeta;
+use ractor::{Actor, ActorRef};
+
+use super::host::SimHost;
+use super::transport::SimTransport;
+use crate::actors::nodeclass::{NodeClassController, NodeClassMsg};
+use crate::actors::router::{Router, RouterMsg};
+use crate::actors::supervisor::{Supervisor, SupervisorMsg};
+use crate::actors::{Config, Context};
+use crate::api::host::SecretRef;
+use crate::api::karpenter::{NodeClaimSpec, NodeClassRef};
+use crate::api::nodeclass::{ClusterEndpoint, ProfileRef, SSHNodeClassSpec};
+use crate::api::profile::{SSHJoinProfileSpec, Scripts, Timeouts};
+use crate::api::{
+    GROUP, HOST_CLASS_LABEL, NodeClaim, SSHHost, SSHHostSpec, SSHJoinProfile, SSHNodeClass,
+};
+use crate::clock::Clock;
+use crate::k8s::{Cluster, ClusterError, MemoryCluster};
+
+pub const KEY_SECRET: &str = "ssh-key";
+
+pub struct World {
+    pub cluster: MemoryCluster,
+    pub transport: SimTransport,
+    pub ctx: Context<MemoryCluster, SimTransport>,
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub router: ActorRef<RouterMsg>,
+    pub nodeclasses: ActorRef<NodeClassMsg>,
+}
+
+impl World {
+    /// Start the controller (supervisor and router) with `config` and `seed`.
+    pub async fn start(config: Config, seed: u64) -> Result<World, ClusterError> {
+        let start: jiff::Timestamp = "2026-01-01T00:00:00Z"
+            .parse()
+            .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+        let clock = Clock::simulated(start);
+        let cluster = MemoryCluster::new(clock.clone());
+        let transport = SimTransport::new(cluster.clone());
+        let ns = config.pool_namespace.clone();
+        let ctx = Context::new(
+            cluster.clone(),
+            Arc::new(transport.clone()),
+            clock,
+            config,
+            Some(seed),
+        );
+        cluster.create(&key_secret(&ns)).await?;
+        let (supervisor, router, nodeclasses) = spawn_controller(&ctx).await?;
+        Ok(World {
+            cluster,
+            transport,
+            ctx,
+            supervisor,
+            router,
+            nodeclasses,
+        })
+    }
+
+    pub fn ns(&self) -> String {
+        self.ctx.pool_ns().to_string()
+    }
+
+    /// Add a simulated machine and its SSHHost object.
+    pub async fn add_host(
+        &self,
+        name: &str,
+        class: &str,
+        sim: SimHost,
+    ) -> Result<SSHHost, ClusterError> {
+        let host = host_object(&self.ns(), name, class, &sim);
+        self.transport.add(sim);
+        self.cluster.create(&host).await
+    }
+
+    pub async fn host(&self, name: &str) -> Option<SSHHost> {
+        self.cluster
+            .get::<SSHHost>(Some(&self.ns()), name)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Let virtual time pass in small steps until `done` holds or `limit` passed.
+    pub async fn until<F, Fut>(&self, limit: Duration, mut done: F) -> bool
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let step = Duration::from_millis(250);
+        let mut waited = Duration::ZERO;
+        while waited <= limit {
+            if done().await {
+                return true;
+            }
+            tokio::time::sleep(step).await;
+            waited += step;
+        }
+        false
+    }
+
+    /// A controller crash: every actor dies at once, mid-phase included; then a new controller
+    /// starts against the same API and hosts and rebuilds from the API state.
+    pub async fn crash_and_restart(&mut self, seed: u64) -> Result<(), ClusterError> {
+        for child in self.supervisor.get_children() {
+            child.kill();
+        }
+        self.supervisor.kill();
+        self.router.kill();
+        self.nodeclasses.kill();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let ctx = Context::new(
+            self.cluster.clone(),
+            Arc::new(self.transport.clone()),
+            self.ctx.clock.clone(),
+            (*self.ctx.config).clone(),
+            Some(seed),
+        );
+        let (supervisor, router, nodeclasses) = spawn_controller(&ctx).await?;
+        self.ctx = ctx;
+        self.supervisor = supervisor;
+        self.router = router;
+        self.nodeclasses = nodeclasses;
+        Ok(())
+    }
+
+    pub async fn stop(self) {
+        self.nodeclasses.stop(None);
+        self.router.stop(None);
+        self.supervisor.stop(None);
+    }
+}
+
+/// The controller's actors, as `kpssh controller` starts them.
+pub async fn spawn_controller<C: Cluster, T: crate::ssh::Transport>(
+    ctx: &Context<C, T>,
+) -> Result<
+    (
+        ActorRef<SupervisorMsg>,
+        ActorRef<RouterMsg>,
+        ActorRef<NodeClassMsg>,
+    ),
+    ClusterError,
+> {
+    let (supervisor, _) = Actor::spawn(None, Supervisor::default(), ctx.clone())
+        .await
+        .map_err(|e| spawn_error(e.to_string()))?;
+    let (router, _) = Actor::spawn(None, Router::default(), (ctx.clone(), supervisor.clone()))
+        .await
+        .map_err(|e| spawn_error(e.to_string()))?;
+    let (nodeclasses, _) = Actor::spawn(None, NodeClassController::default(), ctx.clone())
+        .await
+        .map_err(|e| spawn_error(e.to_string()))?;
+    Ok((supervisor, router, nodeclasses))
+}
+
+fn spawn_error(message: String) -> ClusterError {
+    ClusterError::Invalid {
+        kind: "Actor".into(),
+        key: String::new(),
+        message,
+    }
+}
+
+fn key_secret(ns: &str) -> KubeSecret {
+    KubeSecret {
+        metadata: ObjectMeta {
+            name: Some(KEY_SECRET.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "privateKey".to_string(),
+            ByteString(b"-----BEGIN OPENSSH PRIVATE KEY-----\nsimulated\n-----END OPENSSH PRIVATE KEY-----\n".to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
+
+pub fn host_object(ns: &str, name: &str, class: &str, sim: &SimHost) -> SSHHost {
+    let mut h = SSHHost::new(
+        name,
+        SSHHostSpec {
+            address: sim.address.clone(),
+            port: 22,
+            user: "root".into(),
+            ssh_key_secret_ref: SecretRef {
+                name: KEY_SECRET.into(),
+            },
+            node_address: None,
+            capacity: BTreeMap::from([
+                ("cpu".into(), Quantity(sim.cpu.to_string())),
+                ("memory".into(), Quantity(format!("{}Ki", sim.memory_kib))),
+            ]),
+            exec_mode: Default::default(),
+            trusted_signers: None,
+            shim_command: "/opt/kpssh/kpssh-shim".into(),
+            proxy_jump: None,
+        },
+    );
+    h.metadata.namespace = Some(ns.into());
+    h.metadata.labels = Some(BTreeMap::from([(
+        HOST_CLASS_LABEL.to_string(),
+        class.to_string(),
+    )]));
+    h
+}
+
+/// A profile whose scripts the simulated hosts understand.
+pub fn sim_profile(name: &str, version: &str) -> SSHJoinProfile {
+    SSHJoinProfile::new(
+        name,
+        SSHJoinProfileSpec {
+            version: version.into(),
+            scripts: Scripts {
+                install: "echo sim-install\n".into(),
+                join: "echo sim-join \"$KPSSH_NODE_NAME\"\n".into(),
+                leave: "echo sim-leave\n".into(),
+                uninstall: None,
+            },
+            timeouts: Timeouts::default(),
+            signatures: None,
+            signatures_v2: None,
+        },
+    )
+}
+
+pub fn node_class(name: &str, profile: &str) -> SSHNodeClass {
+    SSHNodeClass::new(
+        name,
+        SSHNodeClassSpec {
+            host_selector: None,
+            join_profile_ref: ProfileRef {
+                name: profile.into(),
+            },
+            vars: None,
+            join_secret_ref: None,
+            provider_id_source: Default::default(),
+            price_per_cpu_hour: "0.02".into(),
+            kube_reserved: BTreeMap::from([
+                ("cpu".into(), Quantity("80m".into())),
+                ("memory".into(), Quantity("300Mi".into())),
+            ]),
+            max_pods: 110,
+            cluster: Some(ClusterEndpoint {
+                endpoint: "https://10.0.0.1:6443".into(),
+                ca_bundle: Some("Q0E=".into()),
+            }),
+            startup_taint_gates: None,
+        },
+    )
+}
+
+/// A NodeClaim for `class` requesting `cpu` and `memory`.
+pub fn node_claim(name: &str, class: &str, cpu: &str, memory: &str) -> NodeClaim {
+    let mut nc = NodeClaim::new(
+        name,
+        NodeClaimSpec {
+            node_class_ref: NodeClassRef {
+                group: GROUP.into(),
+                kind: "SSHNodeClass".into(),
+                name: class.into(),
+            },
+            ..Default::default()
+        },
+    );
+    nc.spec.resources.requests = BTreeMap::from([
+        ("cpu".into(), Quantity(cpu.into())),
+        ("memory".into(), Quantity(memory.into())),
+    ]);
+    nc
+}

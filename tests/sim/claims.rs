@@ -1,0 +1,454 @@
+//! Claims, join, release and fencing: S13–S19, S23, S25–S27.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Secret as KubeSecret, Taint};
+use kpssh::api::{HostState, MAINTENANCE_ANNOTATION, NodeClaim, SSHHost, SSHJoinProfile};
+use kpssh::k8s::{Cluster, Precondition};
+use kpssh::sim::world::{World, node_claim};
+use kpssh::sim::{SimHost, SimPhase};
+use serde_json::json;
+
+use super::{MINUTE, reasons, wait_state, world};
+
+async fn claim(w: &World, name: &str, cpu: &str) -> NodeClaim {
+    w.cluster
+        .create(&node_claim(name, "pool", cpu, "1Gi"))
+        .await
+        .expect("nodeclaim")
+}
+
+async fn holder(w: &World, nc: &str) -> Option<String> {
+    let hosts: Vec<SSHHost> = w.cluster.list(Some(&w.ns()), None).await.expect("list");
+    hosts
+        .into_iter()
+        .find(|h| h.claim().is_some_and(|c| c.name == nc))
+        .and_then(|h| h.metadata.name)
+}
+
+async fn tokens(w: &World) -> usize {
+    let s: Vec<KubeSecret> = w
+        .cluster
+        .list(Some("kube-system"), None)
+        .await
+        .expect("secrets");
+    s.len()
+}
+
+async fn two_classes(w: &World) {
+    w.add_host("big-old", "big", SimHost::new("10.1.0.1", 8, 16_000_000))
+        .await
+        .expect("host");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.add_host("small-old", "small", SimHost::new("10.1.0.2", 2, 4_000_000))
+        .await
+        .expect("host");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.add_host("small-new", "small", SimHost::new("10.1.0.3", 2, 4_000_000))
+        .await
+        .expect("host");
+    for h in ["big-old", "small-old", "small-new"] {
+        wait_state(w, h, HostState::Available, MINUTE).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn s13_s14_cheapest_class_oldest_host_join_env() {
+    let w = world().await;
+    two_classes(&w).await;
+    let mut nc = node_claim("nc-1", "pool", "1", "1Gi");
+    nc.spec.taints = vec![Taint {
+        key: "team".into(),
+        value: Some("a".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }];
+    w.cluster.create(&nc).await.expect("nodeclaim");
+    let h = wait_state(&w, "small-old", HostState::InUse, 2 * MINUTE).await;
+    assert_eq!(h.claim().map(|c| c.name.as_str()), Some("nc-1"));
+    assert_eq!(
+        h.status
+            .as_ref()
+            .and_then(|s| s.installed_profile.as_deref()),
+        Some("p@1")
+    );
+    let sim = w.transport.host("10.1.0.2").expect("sim");
+    assert_eq!(sim.phases(), vec![SimPhase::Install, SimPhase::Join]);
+    let join = sim
+        .log
+        .iter()
+        .find(|r| r.phase == Some(SimPhase::Join))
+        .expect("join ran");
+    let token = join.env.get("KPSSH_BOOTSTRAP_TOKEN").expect("token in env");
+    assert_eq!(token.len(), 23, "id.secret");
+    assert_eq!(
+        join.env["KPSSH_PROVIDER_ID"],
+        format!("kpssh://{}/small-old", w.ns())
+    );
+    assert_eq!(join.env["KPSSH_NODE_NAME"], "nc-1");
+    assert!(
+        join.env["KPSSH_TAINTS"]
+            .starts_with("karpenter.sh/unregistered:NoExecute,team=a:NoSchedule")
+    );
+    assert!(join.env["KPSSH_NODE_LABELS"].contains("node.kubernetes.io/instance-type=small"));
+    let nc: NodeClaim = w.cluster.get(None, "nc-1").await.expect("get").expect("nc");
+    assert_eq!(
+        nc.status.as_ref().and_then(|s| s.provider_id.clone()),
+        Some(format!("kpssh://{}/small-old", w.ns()))
+    );
+    assert!(
+        w.cluster
+            .get::<Node>(None, "nc-1")
+            .await
+            .expect("get")
+            .is_some()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn s13_warm_host_before_cold() {
+    let w = world().await;
+    w.add_host("cold-old", "small", SimHost::new("10.2.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.add_host("warm-new", "small", SimHost::new("10.2.0.2", 2, 4_000_000))
+        .await
+        .expect("host");
+    let h = wait_state(&w, "warm-new", HostState::Available, MINUTE).await;
+    wait_state(&w, "cold-old", HostState::Available, MINUTE).await;
+    let mut warm = h.clone();
+    warm.status.as_mut().expect("status").installed_profile = Some("p@1".into());
+    w.cluster.replace_status(&warm).await.expect("mark warm");
+    claim(&w, "nc-warm", "1").await;
+    let h = wait_state(&w, "warm-new", HostState::InUse, 2 * MINUTE).await;
+    assert_eq!(h.claim().map(|c| c.name.as_str()), Some("nc-warm"));
+    let sim = w.transport.host("10.2.0.2").expect("sim");
+    assert_eq!(
+        sim.phases(),
+        vec![SimPhase::Join],
+        "S16: warm host skips install"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn s15_burst_of_claims_each_get_one_host() {
+    let w = world().await;
+    for i in 0..20 {
+        w.add_host(
+            &format!("h{i:02}"),
+            "small",
+            SimHost::new(&format!("10.3.0.{i}"), 2, 4_000_000),
+        )
+        .await
+        .expect("host");
+    }
+    for i in 0..20 {
+        wait_state(&w, &format!("h{i:02}"), HostState::Available, MINUTE).await;
+    }
+    for i in 0..20 {
+        claim(&w, &format!("burst-{i}"), "1").await;
+    }
+    let all_held = w
+        .until(3 * MINUTE, || async {
+            let hosts: Vec<SSHHost> = w.cluster.list(Some(&w.ns()), None).await.expect("list");
+            hosts
+                .iter()
+                .filter(|h| h.state() == HostState::InUse)
+                .count()
+                == 20
+        })
+        .await;
+    assert!(all_held, "every claim got a host");
+    let hosts: Vec<SSHHost> = w.cluster.list(Some(&w.ns()), None).await.expect("list");
+    let mut names: Vec<String> = hosts
+        .iter()
+        .filter_map(|h| h.claim().map(|c| c.name.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(
+        names.len(),
+        20,
+        "no host claimed twice, no claim on two hosts"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn s16_profile_version_bump_reruns_install() {
+    let w = world().await;
+    w.add_host("h", "small", SimHost::new("10.4.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    claim(&w, "first", "1").await;
+    wait_state(&w, "h", HostState::InUse, 2 * MINUTE).await;
+    w.cluster
+        .delete::<NodeClaim>(None, "first", None)
+        .await
+        .expect("delete");
+    wait_state(&w, "h", HostState::Available, 2 * MINUTE).await;
+    let mut p: SSHJoinProfile = w
+        .cluster
+        .get(None, "p")
+        .await
+        .expect("get")
+        .expect("profile");
+    p.spec.version = "2".into();
+    w.cluster.replace(&p).await.expect("bump");
+    claim(&w, "second", "1").await;
+    let h = wait_state(&w, "h", HostState::InUse, 2 * MINUTE).await;
+    assert_eq!(
+        h.status.and_then(|s| s.installed_profile),
+        Some("p@2".into())
+    );
+    let phases = w.transport.host("10.4.0.1").expect("sim").phases();
+    use SimPhase::*;
+    assert_eq!(phases, vec![Install, Join, Leave, Install, Join]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn s17_failing_join_releases_unhealthy_and_deletes_token() {
+    let w = world().await;
+    let mut sim = SimHost::new("10.5.0.1", 2, 4_000_000);
+    sim.fail_next.insert(SimPhase::Join, 3);
+    w.add_host("h", "small", sim).await.expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    claim(&w, "doomed", "1").await;
+    let h = wait_state(&w, "h", HostState::Unhealthy, 2 * MINUTE).await;
+    assert!(h.claim().is_none());
+    assert_eq!(tokens(&w).await, 0, "token deleted");
+    let sim = w.transport.host("10.5.0.1").expect("sim");
+    let join = sim
+        .log
+        .iter()
+        .find(|r| r.phase == Some(SimPhase::Join))
+        .expect("join ran");
+    let token = join
+        .env
+        .get("KPSSH_BOOTSTRAP_TOKEN")
+        .cloned()
+        .expect("token");
+    assert_eq!(token.len(), 23);
+    let failed: Vec<_> = w
+        .cluster
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == "LaunchFailed")
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert!(
+        !failed[0].message.contains(&token[7..]),
+        "no secret in the event"
+    );
+    assert!(
+        failed[0].message.contains("exited with status 3"),
+        "{}",
+        failed[0].message
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn s18_configuration_error_never_touches_the_host() {
+    let w = world().await;
+    w.add_host("h", "small", SimHost::new("10.6.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    w.cluster
+        .delete::<SSHJoinProfile>(None, "p", None)
+        .await
+        .expect("delete profile");
+    let sessions = w.transport.host("10.6.0.1").expect("sim").sessions;
+    claim(&w, "misconfigured", "1").await;
+    let ok = w
+        .until(MINUTE, || async {
+            reasons(&w).iter().any(|r| r == "ConfigurationError")
+        })
+        .await;
+    assert!(ok, "ConfigurationError event");
+    let h = wait_state(&w, "h", HostState::Available, MINUTE).await;
+    assert!(h.claim().is_none());
+    assert_eq!(tokens(&w).await, 0, "no token minted");
+    let sim = w.transport.host("10.6.0.1").expect("sim");
+    assert!(sim.log.is_empty(), "no phase ran");
+    assert!(sim.sessions <= sessions + 1, "at most the periodic probe");
+    let msg = w
+        .cluster
+        .events()
+        .into_iter()
+        .find(|e| e.reason == "ConfigurationError")
+        .expect("event")
+        .message;
+    assert!(msg.contains("SSHJoinProfile p"), "{msg}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn s19_no_free_host_is_insufficient_capacity() {
+    let w = world().await;
+    let h = w
+        .add_host("busy", "small", SimHost::new("10.7.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "busy", HostState::Available, MINUTE).await;
+    let patch = json!({"metadata": {"annotations": {MAINTENANCE_ANNOTATION: ""}}});
+    w.cluster
+        .patch::<SSHHost>(Some(&w.ns()), "busy", &patch)
+        .await
+        .expect("park"); // S7
+    drop(h);
+    claim(&w, "nothing-fits", "1").await;
+    let ok = w
+        .until(MINUTE, || async {
+            reasons(&w).iter().any(|r| r == "InsufficientCapacity")
+        })
+        .await;
+    assert!(ok);
+    assert!(
+        holder(&w, "nothing-fits").await.is_none(),
+        "no claim written"
+    );
+    assert!(
+        w.cluster
+            .get::<NodeClaim>(None, "nothing-fits")
+            .await
+            .expect("get")
+            .is_none()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn s23_s27_delete_runs_leave_and_clears_claim_in_one_write() {
+    let w = world().await;
+    w.add_host("h", "small", SimHost::new("10.8.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    claim(&w, "nc", "1").await;
+    let h = wait_state(&w, "h", HostState::InUse, 2 * MINUTE).await;
+    assert!(
+        h.status
+            .as_ref()
+            .and_then(|s| s.bootstrap_token_id.as_ref())
+            .is_none(),
+        "S27: collected"
+    );
+    assert_eq!(tokens(&w).await, 0, "S27: token gone after registration");
+    w.cluster
+        .delete::<NodeClaim>(None, "nc", None)
+        .await
+        .expect("delete");
+    let h = wait_state(&w, "h", HostState::Available, 2 * MINUTE).await;
+    let s = h.status.expect("status");
+    assert!(s.claim_ref.is_none() && s.provider_id.is_none() && s.bootstrap_token_id.is_none());
+    assert_eq!(s.installed_profile.as_deref(), Some("p@1"), "marker kept");
+    let sim = w.transport.host("10.8.0.1").expect("sim");
+    assert_eq!(sim.phases().last(), Some(&SimPhase::Leave));
+    assert!(!sim.kubelet_enabled);
+    let gone = w
+        .until(MINUTE, || async {
+            w.cluster
+                .get::<NodeClaim>(None, "nc")
+                .await
+                .expect("get")
+                .is_none()
+        })
+        .await;
+    assert!(gone, "finalizer removed after release");
+    assert!(
+        w.cluster
+            .get::<Node>(None, "nc")
+            .await
+            .expect("get")
+            .is_none(),
+        "Node deleted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn s25_delete_of_a_previous_holder_never_runs_leave_on_the_successor() {
+    let w = world().await;
+    w.add_host("h", "small", SimHost::new("10.9.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    claim(&w, "nc", "1").await;
+    wait_state(&w, "h", HostState::InUse, 2 * MINUTE).await;
+    let leaves_before = w
+        .transport
+        .host("10.9.0.1")
+        .expect("sim")
+        .phases()
+        .iter()
+        .filter(|p| **p == SimPhase::Leave)
+        .count();
+    // A release for the same name but another UID must not touch the host.
+    w.supervisor
+        .send_message(kpssh::actors::supervisor::SupervisorMsg::ToHost(
+            "h".into(),
+            kpssh::actors::host::HostMsg::Release(kpssh::api::ClaimRef {
+                name: "nc".into(),
+                uid: "someone-else".into(),
+            }),
+        ))
+        .expect("send");
+    tokio::time::sleep(MINUTE).await;
+    let sim = w.transport.host("10.9.0.1").expect("sim");
+    assert_eq!(
+        sim.phases()
+            .iter()
+            .filter(|p| **p == SimPhase::Leave)
+            .count(),
+        leaves_before
+    );
+    assert_eq!(w.host("h").await.expect("host").state(), HostState::InUse);
+}
+
+#[tokio::test(start_paused = true)]
+async fn s26_force_deleted_claim_is_released_as_stale_and_zombie_cleaned() {
+    let w = world().await;
+    w.add_host("h", "small", SimHost::new("10.10.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    let nc = claim(&w, "nc", "1").await;
+    wait_state(&w, "h", HostState::InUse, 2 * MINUTE).await;
+    // Strip the finalizers and delete: the controller never sees a graceful termination.
+    let _: NodeClaim = w
+        .cluster
+        .patch(None, "nc", &json!({"metadata": {"finalizers": null}}))
+        .await
+        .expect("strip");
+    let pre = Precondition {
+        uid: nc.metadata.uid.clone(),
+        resource_version: None,
+    };
+    w.cluster
+        .delete::<NodeClaim>(None, "nc", Some(pre))
+        .await
+        .expect("delete");
+    // Stale release → Pending, then the zombie guard runs leave and deletes the orphan Node.
+    let ok = w
+        .until(5 * MINUTE, || async {
+            let h = w.host("h").await.expect("host");
+            h.state() == HostState::Available && h.claim().is_none()
+        })
+        .await;
+    assert!(ok, "host back to Available");
+    let r = reasons(&w);
+    assert!(r.contains(&"StaleClaimReleased".to_string()), "{r:?}");
+    assert!(
+        r.contains(&"ZombieKubelet".to_string()) && r.contains(&"ZombieLeft".to_string()),
+        "{r:?}"
+    );
+    assert!(
+        w.cluster
+            .get::<Node>(None, "nc")
+            .await
+            .expect("get")
+            .is_none(),
+        "orphan Node deleted"
+    );
+    assert!(!w.transport.host("10.10.0.1").expect("sim").kubelet_active);
+    assert_eq!(tokens(&w).await, 0);
+}

@@ -1,0 +1,55 @@
+//! Deterministic scenario tests of the actor core on the in-memory cluster and simulated
+//! hosts, on tokio's paused clock. Each test names the scenario of SCENARIOS.md it shows.
+
+mod claims;
+mod host_state;
+mod lifecycle;
+mod nodeclass;
+mod scale;
+mod zombie;
+
+use std::time::Duration;
+
+use kpssh::actors::Config;
+use kpssh::api::{HostState, SSHHost};
+use kpssh::k8s::Cluster;
+use kpssh::sim::world::{World, node_class, sim_profile};
+
+pub const MINUTE: Duration = Duration::from_secs(60);
+
+/// A world with one node class `pool` using profile `p@1`.
+pub async fn world() -> World {
+    world_with(Config::default()).await
+}
+
+pub async fn world_with(config: Config) -> World {
+    let w = World::start(config, 7).await.expect("world starts");
+    w.cluster
+        .create(&sim_profile("p", "1"))
+        .await
+        .expect("profile");
+    w.cluster
+        .create(&node_class("pool", "p"))
+        .await
+        .expect("node class");
+    w
+}
+
+pub async fn wait_state(w: &World, host: &str, state: HostState, limit: Duration) -> SSHHost {
+    let ok = w
+        .until(limit, || async {
+            w.host(host).await.is_some_and(|h| h.state() == state)
+        })
+        .await;
+    let h = w.host(host).await.expect("host exists");
+    assert!(
+        ok,
+        "{host} did not reach {state} within {limit:?}; status: {:?}",
+        h.status
+    );
+    h
+}
+
+pub fn reasons(w: &World) -> Vec<String> {
+    w.cluster.events().into_iter().map(|e| e.reason).collect()
+}
