@@ -1,1 +1,2 @@
 //! The `kpssh` command line: one module per subcommand.
+pub mod sign;

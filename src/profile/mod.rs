@@ -1,1 +1,2 @@
 //! See docs/architecture.md.
+pub mod verified;
