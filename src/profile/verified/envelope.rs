@@ -733,4 +733,118 @@ mod tests {
         assert!("p@".parse::<ProfileRef>().is_err());
         assert!("P@1".parse::<ProfileRef>().is_err());
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+        use ssh_key::private::{Ed25519Keypair, KeypairData};
+        use ssh_key::{HashAlg, LineEnding, PrivateKey};
+
+        fn phase() -> impl Strategy<Value = Phase> {
+            prop::sample::select(Phase::ALL.to_vec())
+        }
+
+        fn params() -> impl Strategy<Value = Params> {
+            proptest::collection::btree_map("KPSSH_[A-Za-z0-9_]{1,12}", "[^\n\r\u{0}]{0,24}", 0..5)
+                .prop_map(|m| {
+                    let mut p = Params::new();
+                    for (k, v) in m {
+                        p.insert(k, v).expect("valid by construction");
+                    }
+                    p
+                })
+        }
+
+        fn envelope() -> impl Strategy<Value = Envelope> {
+            (
+                phase(),
+                params(),
+                proptest::collection::vec(any::<u8>(), 1..300),
+                "[ -~]{0,40}",
+                any::<bool>(),
+                0i64..4_000_000_000,
+            )
+                .prop_map(|(phase, params, script, sig, v2, secs)| {
+                    if v2 {
+                        let expires = Expires::from_timestamp(
+                            jiff::Timestamp::from_second(secs).expect("ts"),
+                        )
+                        .expect("expires");
+                        let profile = ProfileRef::new("demo", "1.0").expect("p");
+                        Envelope::v2(phase, profile, expires, params, &sig, &script)
+                    } else {
+                        Envelope::v1(phase, params, &sig, &script)
+                    }
+                    .expect("valid by construction")
+                })
+        }
+
+        fn signed() -> (TrustedSigners, Envelope, jiff::Timestamp) {
+            let key = PrivateKey::new(
+                KeypairData::Ed25519(Ed25519Keypair::from_seed(&[5; 32])),
+                "",
+            )
+            .expect("key");
+            let trusted =
+                TrustedSigners::parse(&[key.public_key().to_openssh().expect("ssh")]).expect("t");
+            let expires: Expires = "2030-01-01T00:00:00Z".parse().expect("e");
+            let profile = ProfileRef::new("demo", "2").expect("p");
+            let script = b"#!/bin/bash\nset -euo pipefail\ntrue\n";
+            let manifest = manifest_v2(Phase::Join, &profile, script, &expires);
+            let sig = key
+                .sign("kpssh", HashAlg::Sha512, manifest.as_bytes())
+                .expect("sign")
+                .to_pem(LineEnding::LF)
+                .expect("pem");
+            let mut p = Params::new();
+            p.insert("KPSSH_NODE_NAME", "n").expect("p");
+            let env = Envelope::v2(Phase::Join, profile, expires, p, &sig, script).expect("env");
+            let now: jiff::Timestamp = "2029-01-01T00:00:00Z".parse().expect("now");
+            (trusted, env, now)
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+                let _ = Envelope::parse(&bytes);
+                let _ = Params::parse(&bytes);
+            }
+
+            #[test]
+            fn arbitrary_header_lines_never_panic(lines in proptest::collection::vec("[ -~]{0,40}", 0..9)) {
+                let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+                let _ = Envelope::parse(text.as_bytes());
+            }
+
+            #[test]
+            fn encode_parse_round_trip(env in envelope()) {
+                prop_assert_eq!(Envelope::parse(&env.encode()).expect("parses"), env);
+            }
+
+            #[test]
+            fn mutated_envelopes_only_verify_as_signed(idx in any::<usize>(), byte in any::<u8>()) {
+                let (trusted, env, now) = signed();
+                let mut wire = env.encode();
+                let i = idx % wire.len();
+                wire[i] = byte;
+                if let Ok(parsed) = Envelope::parse(&wire)
+                    && parsed.verify(&trusted, now).is_ok()
+                {
+                    prop_assert_eq!(&parsed.script, &env.script);
+                    prop_assert_eq!(parsed.phase, env.phase);
+                    prop_assert_eq!(&parsed.binding, &env.binding);
+                    prop_assert_eq!(parsed.signed_message(), env.signed_message());
+                }
+            }
+        }
+
+        #[test]
+        fn signed_fixture_verifies() {
+            let (trusted, env, now) = signed();
+            let parsed = Envelope::parse(&env.encode()).expect("parse");
+            parsed.verify(&trusted, now).expect("verifies");
+            let late: jiff::Timestamp = "2031-01-01T00:00:00Z".parse().expect("late");
+            assert!(matches!(parsed.verify(&trusted, late), Err(EnvelopeError::Expired(_))));
+        }
+    }
 }

@@ -400,4 +400,79 @@ mod tests {
         assert!(line.starts_with("kpssh namespaces=\"kpssh\" ssh-ed25519 AAAA"));
         assert!(!line.contains("me@host"));
     }
+
+    mod props {
+        use super::*;
+        use base64::Engine as _;
+        use base64::engine::general_purpose::STANDARD as B64;
+        use proptest::prelude::*;
+        use std::sync::OnceLock;
+
+        const SIGNED: &[u8] = b"#!/bin/bash\nset -euo pipefail\necho joined\n";
+
+        fn fixture() -> &'static (TrustedSigners, String) {
+            static F: OnceLock<(TrustedSigners, String)> = OnceLock::new();
+            F.get_or_init(|| {
+                let k = ed25519(7);
+                (trusted(&k), sign(&k, NAMESPACE, SIGNED))
+            })
+        }
+
+        fn rearmor(blob: &[u8]) -> String {
+            let b64 = B64.encode(blob);
+            let mut out = String::from("-----BEGIN SSH SIGNATURE-----\n");
+            for chunk in b64.as_bytes().chunks(70) {
+                out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+                out.push('\n');
+            }
+            out.push_str("-----END SSH SIGNATURE-----\n");
+            out
+        }
+
+        fn blob() -> Vec<u8> {
+            let body: String = fixture()
+                .1
+                .lines()
+                .filter(|l| !l.starts_with("-----"))
+                .collect();
+            B64.decode(body).expect("b64")
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_text_never_panics(s in "\\PC{0,300}") {
+                let _ = parse_armored(&s);
+                let _ = fixture().0.verify(&s, SIGNED);
+            }
+
+            #[test]
+            fn arbitrary_body_never_panics(body in proptest::collection::vec(any::<u8>(), 0..600)) {
+                let _ = fixture().0.verify(&rearmor(&body), SIGNED);
+            }
+
+            #[test]
+            fn success_implies_the_exact_message(msg in proptest::collection::vec(any::<u8>(), 0..128)) {
+                let (t, sig) = fixture();
+                prop_assert_eq!(t.verify(sig, &msg).is_ok(), msg == SIGNED);
+            }
+
+            #[test]
+            fn mutated_signatures_only_ever_verify_the_signed_message(
+                idx in any::<usize>(),
+                xor in 1u8..,
+                truncate in any::<bool>(),
+                msg in proptest::collection::vec(any::<u8>(), 0..64),
+            ) {
+                let mut b = blob();
+                let i = idx % b.len();
+                if truncate { b.truncate(i); } else { b[i] ^= xor; }
+                let armored = rearmor(&b);
+                let t = &fixture().0;
+                if t.verify(&armored, &msg).is_ok() {
+                    prop_assert_eq!(&msg[..], SIGNED);
+                }
+                let _ = t.verify(&armored, SIGNED);
+            }
+        }
+    }
 }
