@@ -187,10 +187,20 @@ fn v2_envelope(
     script: &str,
 ) -> Vec<u8> {
     let profile: ProfileRef = profile.parse().expect("profile");
-    let sig = sign(key, manifest_v2(phase, &profile, script.as_bytes(), &expires).as_bytes());
-    Envelope::v2(phase, profile, expires, host.params(), &sig, script.as_bytes())
-        .expect("envelope")
-        .encode()
+    let sig = sign(
+        key,
+        manifest_v2(phase, &profile, script.as_bytes(), &expires).as_bytes(),
+    );
+    Envelope::v2(
+        phase,
+        profile,
+        expires,
+        host.params(),
+        &sig,
+        script.as_bytes(),
+    )
+    .expect("envelope")
+    .encode()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -209,8 +219,8 @@ fn controller_verifies_ssh_keygen_signatures_for_every_key_type() {
         ("rsa", "rsa", Some("2048"), "ssh-rsa"),
     ] {
         let key = keygen(dir.path(), name, kind, bits);
-        let trusted = TrustedSigners::parse(&[rogue.public.as_str(), key.public.as_str()])
-            .expect("trusted");
+        let trusted =
+            TrustedSigners::parse(&[rogue.public.as_str(), key.public.as_str()]).expect("trusted");
         let sig = sign(&key, msg);
         let who = trusted.verify(&sig, msg).expect(name);
         assert_eq!(who.algorithm, alg);
@@ -255,11 +265,18 @@ fn sha1_rsa_signatures_are_refused_by_controller_and_shim() {
     let keypair = private.key_data().rsa().expect("rsa");
     let msg = SCRIPT.as_bytes();
     let signed = SshSig::signed_data("kpssh", HashAlg::Sha512, msg).expect("signed data");
-    let raw = (keypair, None::<HashAlg>).try_sign(&signed).expect("sha1 sign");
-    let sig = SshSig::new(private.public_key().key_data().clone(), "kpssh", HashAlg::Sha512, raw)
-        .expect("sshsig")
-        .to_pem(LineEnding::LF)
-        .expect("pem");
+    let raw = (keypair, None::<HashAlg>)
+        .try_sign(&signed)
+        .expect("sha1 sign");
+    let sig = SshSig::new(
+        private.public_key().key_data().clone(),
+        "kpssh",
+        HashAlg::Sha512,
+        raw,
+    )
+    .expect("sshsig")
+    .to_pem(LineEnding::LF)
+    .expect("pem");
     let trusted = TrustedSigners::parse(&[rsa.public.as_str()]).expect("trusted");
     assert_eq!(trusted.verify(&sig, msg), Err(SigError::Sha1Rsa));
 
@@ -300,8 +317,14 @@ fn probe_prints_the_shared_contract() {
         };
         assert!(num(lines[1], "cpu="), "{text}");
         assert!(num(lines[2], "memory_kib="), "{text}");
-        assert!(lines[3].starts_with("arch=") && lines[3].len() > 5, "{text}");
-        assert!(lines[4].starts_with("kubelet=") && lines[4].len() > 8, "{text}");
+        assert!(
+            lines[3].starts_with("arch=") && lines[3].len() > 5,
+            "{text}"
+        );
+        assert!(
+            lines[4].starts_with("kubelet=") && lines[4].len() > 8,
+            "{text}"
+        );
     }
 }
 
@@ -310,7 +333,9 @@ fn signed_v1_script_runs_with_clean_environment_and_leaves_no_temp_files() {
     let host = Host::new();
     let sig = sign(&host.key, SCRIPT.as_bytes());
     let mut params = host.params();
-    params.insert("KPSSH_GREETING", "hello 'world' $HOME `x`").expect("param");
+    params
+        .insert("KPSSH_GREETING", "hello 'world' $HOME `x`")
+        .expect("param");
     let env = Envelope::v1(Phase::Join, params, &sig, SCRIPT.as_bytes()).expect("envelope");
     let mut cmd = host.command("/opt/kpssh/kpssh-shim run join");
     cmd.env("BASH_ENV", host.path("evil"))
@@ -334,7 +359,14 @@ fn signed_v1_script_runs_with_clean_environment_and_leaves_no_temp_files() {
 #[test]
 fn signed_v2_script_runs() {
     let host = Host::new();
-    let env = v2_envelope(&host, &host.key, Phase::Leave, "tls-bootstrap@3", future(), SCRIPT);
+    let env = v2_envelope(
+        &host,
+        &host.key,
+        Phase::Leave,
+        "tls-bootstrap@3",
+        future(),
+        SCRIPT,
+    );
     let out = host.shim("run leave tls-bootstrap@3", &env);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(host.ran());
@@ -354,7 +386,12 @@ fn tampered_rogue_and_unsigned_scripts_never_run() {
         ),
         (
             "rogue",
-            raw_v1("join", &host.params_text(), Some(&rogue_sig), SCRIPT.as_bytes()),
+            raw_v1(
+                "join",
+                &host.params_text(),
+                Some(&rogue_sig),
+                SCRIPT.as_bytes(),
+            ),
         ),
         (
             "unsigned",
@@ -388,7 +425,12 @@ fn bad_parameters_are_refused_before_anything_runs() {
         "KPSSH_OUT=again\n",
         "KPSSH_NO_NEWLINE=x",
     ] {
-        let env = raw_v1("join", &format!("{base}{extra}"), Some(&sig), SCRIPT.as_bytes());
+        let env = raw_v1(
+            "join",
+            &format!("{base}{extra}"),
+            Some(&sig),
+            SCRIPT.as_bytes(),
+        );
         let out = host.shim("run join", &env);
         assert_eq!(code(&out), exit::PARAMETER, "{extra:?}: {}", stderr(&out));
         assert!(!host.ran(), "{extra:?}: script ran");
@@ -406,12 +448,20 @@ fn phases_are_checked() {
     let host = Host::new();
     let sig = sign(&host.key, SCRIPT.as_bytes());
     let p = host.params_text();
-    let unknown = host.shim("run join", &raw_v1("reboot", &p, Some(&sig), SCRIPT.as_bytes()));
+    let unknown = host.shim(
+        "run join",
+        &raw_v1("reboot", &p, Some(&sig), SCRIPT.as_bytes()),
+    );
     assert_eq!(code(&unknown), exit::PHASE, "{}", stderr(&unknown));
-    let requested_unknown =
-        host.shim("run reboot", &raw_v1("join", &p, Some(&sig), SCRIPT.as_bytes()));
+    let requested_unknown = host.shim(
+        "run reboot",
+        &raw_v1("join", &p, Some(&sig), SCRIPT.as_bytes()),
+    );
     assert_eq!(code(&requested_unknown), exit::PHASE);
-    let mismatch = host.shim("run leave", &raw_v1("join", &p, Some(&sig), SCRIPT.as_bytes()));
+    let mismatch = host.shim(
+        "run leave",
+        &raw_v1("join", &p, Some(&sig), SCRIPT.as_bytes()),
+    );
     assert_eq!(code(&mismatch), exit::PHASE, "{}", stderr(&mismatch));
     let garbage = host.shim("run join", b"hello\n");
     assert_eq!(code(&garbage), exit::ENVELOPE);
@@ -434,9 +484,16 @@ fn v2_binds_phase_version_and_expiry() {
         &host.key,
         manifest_v2(Phase::Leave, &profile, SCRIPT.as_bytes(), &exp).as_bytes(),
     );
-    let forged = Envelope::v2(Phase::Join, profile.clone(), exp, host.params(), &sig, SCRIPT.as_bytes())
-        .expect("env")
-        .encode();
+    let forged = Envelope::v2(
+        Phase::Join,
+        profile.clone(),
+        exp,
+        host.params(),
+        &sig,
+        SCRIPT.as_bytes(),
+    )
+    .expect("env")
+    .encode();
     let out = host.shim("run join p@2", &forged);
     assert_eq!(code(&out), exit::SIGNATURE, "{}", stderr(&out));
     // Honest header but another phase requested.
@@ -452,7 +509,12 @@ fn v2_binds_phase_version_and_expiry() {
     let out = host.shim("run leave p@2", &expired);
     assert_eq!(code(&out), exit::EXPIRED, "{}", stderr(&out));
     // A v1 envelope where a profile-bound run was requested (downgrade).
-    let v1 = raw_v1("leave", &host.params_text(), Some(&sign(&host.key, SCRIPT.as_bytes())), SCRIPT.as_bytes());
+    let v1 = raw_v1(
+        "leave",
+        &host.params_text(),
+        Some(&sign(&host.key, SCRIPT.as_bytes())),
+        SCRIPT.as_bytes(),
+    );
     let out = host.shim("run leave p@2", &v1);
     assert_eq!(code(&out), exit::EXPIRED, "{}", stderr(&out));
     assert!(!host.ran());
@@ -502,7 +564,10 @@ fn sigterm_stops_the_script_and_removes_temp_files() {
         assert!(Instant::now() < deadline, "script never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(!host.tmp_is_empty(), "temp files should exist while running");
+    assert!(
+        !host.tmp_is_empty(),
+        "temp files should exist while running"
+    );
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -510,7 +575,10 @@ fn sigterm_stops_the_script_and_removes_temp_files() {
     assert!(kill.success());
     let started = Instant::now();
     let out = child.wait_with_output().expect("wait");
-    assert!(started.elapsed() < Duration::from_secs(10), "shim did not stop promptly");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shim did not stop promptly"
+    );
     assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
     assert!(host.tmp_is_empty(), "temp files left after SIGTERM");
     std::thread::sleep(Duration::from_millis(200));
@@ -572,8 +640,12 @@ fn prepared_runs_are_accepted_by_the_shim() {
         params: host.params(),
         shim_command: "/opt/kpssh/kpssh-shim",
     };
-    let err = prepare(&trusted, req(PhaseSignatures::default()), jiff::Timestamp::now())
-        .expect_err("unsigned");
+    let err = prepare(
+        &trusted,
+        req(PhaseSignatures::default()),
+        jiff::Timestamp::now(),
+    )
+    .expect_err("unsigned");
     assert_eq!(err, EnvelopeError::Signature(SigError::Missing));
     let err = prepare(
         &rogue_trusted,
@@ -624,7 +696,11 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
     })
     .expect("sign");
     assert_eq!(rc, 0);
-    assert_eq!(std::fs::read_to_string(&input).expect("input"), yaml, "input untouched");
+    assert_eq!(
+        std::fs::read_to_string(&input).expect("input"),
+        yaml,
+        "input untouched"
+    );
     let doc: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(&output).expect("out")).expect("yaml");
     assert_eq!(doc["spec"]["x-custom"].as_str(), Some("keep-me"));
@@ -634,7 +710,9 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
     assert_eq!(join, SCRIPT);
     assert!(doc["spec"]["signatures"]["uninstall"].is_null());
     let trusted = TrustedSigners::parse(&[host.key.public.as_str()]).expect("trusted");
-    let expires = doc["spec"]["signaturesV2"]["expires"].as_str().expect("expires");
+    let expires = doc["spec"]["signaturesV2"]["expires"]
+        .as_str()
+        .expect("expires");
     let exp: Expires = expires.parse().expect("expires format");
     let now = jiff::Timestamp::now();
     assert!(exp.timestamp() > now + jiff::SignedDuration::from_mins(55));
@@ -651,7 +729,9 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
             &exp,
         );
         assert!(manifest.contains(&sha256_hex(script.as_bytes())));
-        trusted.verify(v2, manifest.as_bytes()).expect("v2 verifies");
+        trusted
+            .verify(v2, manifest.as_bytes())
+            .expect("v2 verifies");
     }
     // The signed join runs through the shim.
     let run_req = prepare(
@@ -661,7 +741,9 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
             profile: "demo@7".parse().expect("profile"),
             script: join,
             signatures: PhaseSignatures {
-                v1: doc["spec"]["signatures"]["join"].as_str().map(str::to_owned),
+                v1: doc["spec"]["signatures"]["join"]
+                    .as_str()
+                    .map(str::to_owned),
                 v2: Some((
                     expires.to_owned(),
                     doc["spec"]["signaturesV2"]["join"]

@@ -89,10 +89,10 @@ pub fn sign_document(
     expires: &Expires,
     sign: &mut dyn FnMut(&[u8]) -> anyhow::Result<String>,
 ) -> anyhow::Result<SignSummary> {
-    if let Some(kind) = doc.get("kind") {
-        if kind.as_str() != Some("SSHJoinProfile") {
-            bail!("kind is {kind:?}, expected SSHJoinProfile");
-        }
+    if let Some(kind) = doc.get("kind")
+        && kind.as_str() != Some("SSHJoinProfile")
+    {
+        bail!("kind is {kind:?}, expected SSHJoinProfile");
     }
     let name = doc
         .get("metadata")
@@ -147,10 +147,10 @@ pub fn sign_document(
             let armored = sign(message)?;
             let who = check_own_signature(&armored, message)
                 .with_context(|| format!("checking the signature ssh-keygen made for {phase}"))?;
-            if let Some(prev) = &signer {
-                if prev.0 != who.0 {
-                    bail!("the signing key changed while signing");
-                }
+            if let Some(prev) = &signer
+                && prev.0 != who.0
+            {
+                bail!("the signing key changed while signing");
             }
             signer = Some(who);
             map.insert(phase.as_str().into(), Value::String(armored));

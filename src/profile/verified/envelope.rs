@@ -252,8 +252,14 @@ impl ProfileRef {
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-            && name.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
-            && name.as_bytes().last().is_some_and(u8::is_ascii_alphanumeric);
+            && name
+                .as_bytes()
+                .first()
+                .is_some_and(u8::is_ascii_alphanumeric)
+            && name
+                .as_bytes()
+                .last()
+                .is_some_and(u8::is_ascii_alphanumeric);
         if !name_ok {
             return Err(format_err(format!("invalid profile name {name:?}")));
         }
@@ -509,7 +515,11 @@ impl Envelope {
 
     /// Serialise to the wire format.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = format!("kpssh-envelope: {}\nphase: {}\n", self.version(), self.phase);
+        let mut out = format!(
+            "kpssh-envelope: {}\nphase: {}\n",
+            self.version(),
+            self.phase
+        );
         if let Binding::V2 { profile, expires } = &self.binding {
             out.push_str(&format!("profile: {profile}\nexpires: {expires}\n"));
         }
@@ -546,7 +556,9 @@ impl Envelope {
         };
         let version = next("kpssh-envelope")?;
         if version != "1" && version != "2" {
-            return Err(format_err(format!("unsupported envelope version {version:?}")));
+            return Err(format_err(format!(
+                "unsupported envelope version {version:?}"
+            )));
         }
         let phase: Phase = next("phase")?.parse()?;
         let binding = if version == "2" {
@@ -635,8 +647,15 @@ mod tests {
     fn v2_round_trip_and_manifest() {
         let profile = ProfileRef::new("tls-bootstrap", "3").expect("p");
         let expires: Expires = "2030-01-02T03:04:05Z".parse().expect("exp");
-        let env = Envelope::v2(Phase::Leave, profile.clone(), expires, Params::new(), "", b"x")
-            .expect("env");
+        let env = Envelope::v2(
+            Phase::Leave,
+            profile.clone(),
+            expires,
+            Params::new(),
+            "",
+            b"x",
+        )
+        .expect("env");
         let wire = env.encode();
         let text = String::from_utf8(wire.clone()).expect("utf8");
         assert!(text.contains("\nparams-b64: -\nsig-b64: -\n"));
@@ -844,7 +863,10 @@ mod tests {
             let parsed = Envelope::parse(&env.encode()).expect("parse");
             parsed.verify(&trusted, now).expect("verifies");
             let late: jiff::Timestamp = "2031-01-01T00:00:00Z".parse().expect("late");
-            assert!(matches!(parsed.verify(&trusted, late), Err(EnvelopeError::Expired(_))));
+            assert!(matches!(
+                parsed.verify(&trusted, late),
+                Err(EnvelopeError::Expired(_))
+            ));
         }
     }
 }

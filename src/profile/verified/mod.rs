@@ -11,8 +11,7 @@ pub mod envelope;
 pub mod sshsig;
 
 pub use envelope::{
-    Binding, Envelope, EnvelopeError, Expires, Params, Phase, ProfileRef, manifest_v2,
-    shim_command,
+    Binding, Envelope, EnvelopeError, Expires, Params, Phase, ProfileRef, manifest_v2, shim_command,
 };
 pub use sshsig::{SigError, TrustedSigners, VerifiedSigner};
 

@@ -114,7 +114,8 @@ pub fn parse_armored(armored: &str) -> Result<SshSig, SigError> {
             max: MAX_ARMORED_LEN,
         });
     }
-    let sig = SshSig::from_pem(trimmed.as_bytes()).map_err(|e| SigError::Malformed(e.to_string()))?;
+    let sig =
+        SshSig::from_pem(trimmed.as_bytes()).map_err(|e| SigError::Malformed(e.to_string()))?;
     if sig.version() != SshSig::VERSION {
         return Err(SigError::Version(sig.version()));
     }
@@ -263,7 +264,8 @@ pub fn allowed_signers_line(public_key_line: &str) -> Result<String, SigError> {
             reason: e.to_string(),
         }
     })?;
-    check_key_type(key.key_data()).map_err(|reason| SigError::BadTrustedSigner { index: 0, reason })?;
+    check_key_type(key.key_data())
+        .map_err(|reason| SigError::BadTrustedSigner { index: 0, reason })?;
     let mut bare = PublicKey::from(key.key_data().clone());
     bare.set_comment("");
     let text = bare.to_openssh().map_err(|e| SigError::BadTrustedSigner {
@@ -348,7 +350,10 @@ mod tests {
         let t = trusted(&ed25519(1));
         assert_eq!(t.verify("", b"x"), Err(SigError::Missing));
         assert!(matches!(
-            t.verify("-----BEGIN SSH SIGNATURE-----\nAAAA\n-----END SSH SIGNATURE-----\n", b"x"),
+            t.verify(
+                "-----BEGIN SSH SIGNATURE-----\nAAAA\n-----END SSH SIGNATURE-----\n",
+                b"x"
+            ),
             Err(SigError::Malformed(_))
         ));
         let huge = "A".repeat(MAX_ARMORED_LEN + 1);
