@@ -777,3 +777,158 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
     assert!(err.to_string().contains("template"), "{err}");
     assert_eq!(std::fs::read_to_string(&input).expect("input"), templated);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Through a real OpenSSH sshd with the shim as ForceCommand (loopback, random port).
+
+struct Sshd {
+    child: std::process::Child,
+    port: u16,
+    client_key: PathBuf,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn whoami() -> String {
+    let out = Command::new("id").arg("-un").output().expect("id");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Start sshd for `host`, or return None (with a note) where that is impossible.
+fn start_sshd(host: &Host) -> Option<Sshd> {
+    let sshd = Path::new("/usr/sbin/sshd");
+    if !sshd.exists() || whoami() != "root" || !Path::new("/run/sshd").is_dir() {
+        eprintln!("skipping: needs root, /usr/sbin/sshd and /run/sshd");
+        return None;
+    }
+    let dir = host.dir.path();
+    let hostkey = keygen(dir, "hostkey", "ed25519", None);
+    let client = keygen(dir, "client", "ed25519", None);
+    std::fs::write(dir.join("authorized_keys"), format!("{}\n", client.public)).expect("ak");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let config = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile {d}/sshd.pid\n\
+         AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\n\
+         PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+         PermitRootLogin prohibit-password\nPermitUserEnvironment no\nLogLevel ERROR\n\
+         ForceCommand env TMPDIR={d}/tmp {shim} --allowed-signers {d}/allowed_signers --state-dir {d}/state\n",
+        hk = hostkey.private.display(),
+        d = dir.display(),
+        shim = shim_path().display(),
+    );
+    std::fs::write(dir.join("sshd_config"), config).expect("config");
+    let child = Command::new(sshd)
+        .args(["-D", "-e", "-f"])
+        .arg(dir.join("sshd_config"))
+        .stdin(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("sshd.log")).expect("log"))
+        .spawn()
+        .expect("spawn sshd");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "sshd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(Sshd {
+        child,
+        port,
+        client_key: client.private,
+    })
+}
+
+fn ssh(sshd: &Sshd, command: &str, stdin: &[u8]) -> Output {
+    let mut child = Command::new("ssh")
+        .arg("-i")
+        .arg(&sshd.client_key)
+        .args([
+            "-p",
+            &sshd.port.to_string(),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "SetEnv=KPSSH_OUT=/tmp/should-not-arrive BASH_ENV=/tmp/evil",
+            &format!("{}@127.0.0.1", whoami()),
+            command,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ssh");
+    let mut input = child.stdin.take().expect("stdin");
+    let data = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("ssh");
+    writer.join().expect("writer");
+    out
+}
+
+#[test]
+fn through_sshd_force_command() {
+    let host = Host::new();
+    let Some(sshd) = start_sshd(&host) else {
+        return;
+    };
+    let probe = ssh(&sshd, "probe", b"");
+    assert_eq!(code(&probe), 0, "{}", stderr(&probe));
+    assert!(String::from_utf8_lossy(&probe.stdout).starts_with("kpssh-probe=1\ncpu="));
+
+    // E7: a rogue-signed join is refused by the shim; nothing runs.
+    let profile: ProfileRef = "demo@1".parse().expect("profile");
+    let exp = future();
+    let rogue = v2_envelope(&host, &host.rogue, Phase::Join, "demo@1", exp, SCRIPT);
+    let out = ssh(&sshd, "/opt/kpssh/kpssh-shim run join demo@1", &rogue);
+    assert_eq!(code(&out), exit::SIGNATURE, "{}", stderr(&out));
+    assert!(!host.ran());
+
+    // E6: verified join then leave, built by the controller-side code.
+    let trusted = TrustedSigners::parse(&[host.key.public.as_str()]).expect("trusted");
+    for phase in [Phase::Join, Phase::Leave] {
+        let sig = sign(
+            &host.key,
+            manifest_v2(phase, &profile, SCRIPT.as_bytes(), &exp).as_bytes(),
+        );
+        let run = prepare(
+            &trusted,
+            PhaseRequest {
+                phase,
+                profile: profile.clone(),
+                script: SCRIPT,
+                signatures: PhaseSignatures {
+                    v1: None,
+                    v2: Some((exp.to_string(), sig)),
+                },
+                params: host.params(),
+                shim_command: "/opt/kpssh/kpssh-shim",
+            },
+            jiff::Timestamp::now(),
+        )
+        .expect("prepare");
+        let out = ssh(&sshd, &run.command, &run.stdin);
+        assert_eq!(code(&out), 0, "{phase}: {}", stderr(&out));
+        assert_eq!(
+            std::fs::read_to_string(host.out()).expect("ran"),
+            "none|unset|unset\n"
+        );
+        std::fs::remove_file(host.out()).expect("rm");
+    }
+    assert!(host.tmp_is_empty());
+}
