@@ -932,3 +932,89 @@ fn through_sshd_force_command() {
     }
     assert!(host.tmp_is_empty());
 }
+
+/// FIDO (`sk-…@openssh.com`) signatures, made in software from ssh-keygen keys the way an
+/// authenticator would make them: both the controller and the shim's `ssh-keygen -Y verify`
+/// accept them with the user-presence flag and refuse them without.
+#[test]
+fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
+    use sha2::Digest as _;
+    use signature::Signer as _;
+    use ssh_key::public::{EcdsaPublicKey, KeyData, SkEcdsaSha2NistP256, SkEd25519};
+    use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, PublicKey, Signature, SshSig};
+
+    let host = Host::new();
+    let app = "ssh:";
+    let msg = SCRIPT.as_bytes();
+    let signed = SshSig::signed_data("kpssh", HashAlg::Sha512, msg).expect("signed data");
+    let make = |flags: u8, key: &PrivateKey| -> (String, String) {
+        let trailer = [flags, 0, 0, 0, 42];
+        let mut to_sign = sha2::Sha256::digest(app.as_bytes()).to_vec();
+        to_sign.extend(trailer);
+        to_sign.extend(sha2::Sha256::digest(&signed));
+        let (public, algorithm, mut data) = if let Some(kp) = key.key_data().ed25519() {
+            let raw: Signature = kp.try_sign(&to_sign).expect("sign");
+            (
+                KeyData::SkEd25519(SkEd25519::new(kp.public, app)),
+                Algorithm::SkEd25519,
+                raw.as_bytes().to_vec(),
+            )
+        } else {
+            let kp = key.key_data().ecdsa().expect("ecdsa");
+            let raw: Signature = kp.try_sign(&to_sign).expect("sign");
+            let Some(EcdsaPublicKey::NistP256(point)) = key.public_key().key_data().ecdsa() else {
+                panic!("p256 expected");
+            };
+            (
+                KeyData::SkEcdsaSha2NistP256(SkEcdsaSha2NistP256::new(*point, app)),
+                Algorithm::SkEcdsaSha2NistP256,
+                raw.as_bytes().to_vec(),
+            )
+        };
+        data.extend(trailer);
+        let sig = Signature::new(algorithm, data).expect("sig");
+        let armored = SshSig::new(public.clone(), "kpssh", HashAlg::Sha512, sig)
+            .expect("sshsig")
+            .to_pem(LineEnding::LF)
+            .expect("pem");
+        (
+            armored,
+            PublicKey::from(public).to_openssh().expect("openssh"),
+        )
+    };
+    for (name, kind, bits, alg) in [
+        ("sked", "ed25519", None, "sk-ssh-ed25519@openssh.com"),
+        (
+            "skec",
+            "ecdsa",
+            Some("256"),
+            "sk-ecdsa-sha2-nistp256@openssh.com",
+        ),
+    ] {
+        let k = keygen(host.dir.path(), name, kind, bits);
+        let private = PrivateKey::read_openssh_file(&k.private).expect("read");
+        let (touched, public) = make(0x01, &private);
+        let (untouched, _) = make(0x00, &private);
+        let trusted = TrustedSigners::parse(&[public.as_str()]).expect("trusted");
+        assert_eq!(trusted.verify(&touched, msg).expect(name).algorithm, alg);
+        assert_eq!(
+            trusted.verify(&touched, b"other"),
+            Err(SigError::BadSignature)
+        );
+        assert_eq!(
+            trusted.verify(&untouched, msg),
+            Err(SigError::SkUserPresence)
+        );
+
+        let line = allowed_signers_line(&public).expect("line");
+        std::fs::write(host.path("allowed_signers"), format!("{line}\n")).expect("write");
+        let p = host.params_text();
+        let out = host.shim("run join", &raw_v1("join", &p, Some(&untouched), msg));
+        assert_eq!(code(&out), exit::SIGNATURE, "{name}: {}", stderr(&out));
+        assert!(!host.ran());
+        let out = host.shim("run join", &raw_v1("join", &p, Some(&touched), msg));
+        assert_eq!(code(&out), 0, "{name}: {}", stderr(&out));
+        assert!(host.ran());
+        std::fs::remove_file(host.out()).expect("rm");
+    }
+}
