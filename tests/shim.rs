@@ -519,6 +519,20 @@ fn v2_binds_phase_version_and_expiry() {
     assert_eq!(code(&out), exit::EXPIRED, "{}", stderr(&out));
     assert!(!host.ran());
 
+    // --require-v2 refuses v1 envelopes outright, even when they would verify.
+    let mut cmd = host.command("run leave");
+    cmd.arg("--require-v2");
+    let mut child = cmd.spawn().expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&v1)
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(code(&out), exit::EXPIRED, "{}", stderr(&out));
+    assert!(!host.ran());
+
     // Rollback: once p@3 (signed later, expiring later) ran, p@2 is refused even unrequested.
     let later = Expires::from_timestamp(exp.timestamp() + jiff::SignedDuration::from_hours(1))
         .expect("later");
@@ -1017,4 +1031,29 @@ fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
         assert!(host.ran());
         std::fs::remove_file(host.out()).expect("rm");
     }
+}
+
+/// Without ForceCommand (no `SSH_ORIGINAL_COMMAND`) the command comes from the arguments.
+#[test]
+fn direct_invocation_takes_the_command_from_arguments() {
+    let host = Host::new();
+    let sig = sign(&host.key, SCRIPT.as_bytes());
+    let env = raw_v1("join", &host.params_text(), Some(&sig), SCRIPT.as_bytes());
+    for (args, want) in [
+        (&["run", "leave"][..], exit::PHASE),
+        (&["run", "join"][..], 0),
+    ] {
+        let mut cmd = host.command("unused");
+        cmd.env_remove("SSH_ORIGINAL_COMMAND").args(args);
+        let mut child = cmd.spawn().expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(&env)
+            .expect("write");
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(code(&out), want, "{args:?}: {}", stderr(&out));
+    }
+    assert!(host.ran());
 }
