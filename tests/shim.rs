@@ -145,7 +145,7 @@ impl Host {
     }
 }
 
-const SCRIPT: &str = "#!/usr/bin/env bash\nset -euo pipefail\nprintf '%s|%s|%s\\n' \"${KPSSH_GREETING-none}\" \"${BASH_ENV-unset}\" \"${LD_PRELOAD-unset}\" > \"$KPSSH_OUT\"\n";
+const SCRIPT: &str = "#!/usr/bin/env bash\nset -euo pipefail\nprintf '%s|%s|%s|%s\\n' \"${KPSSH_GREETING-none}\" \"${BASH_ENV-unset}\" \"${LD_PRELOAD-unset}\" \"$(umask)\" > \"$KPSSH_OUT\"\n";
 
 fn code(out: &Output) -> i32 {
     out.status.code().unwrap_or(-1)
@@ -352,7 +352,7 @@ fn signed_v1_script_runs_with_clean_environment_and_leaves_no_temp_files() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(!stderr(&out).contains("pwned"));
     let seen = std::fs::read_to_string(host.out()).expect("side effect");
-    assert_eq!(seen, "hello 'world' $HOME `x`|unset|unset\n");
+    assert_eq!(seen, "hello 'world' $HOME `x`|unset|unset|0022\n");
     assert!(host.tmp_is_empty(), "temp files left behind");
 }
 
@@ -940,7 +940,7 @@ fn through_sshd_force_command() {
         assert_eq!(code(&out), 0, "{phase}: {}", stderr(&out));
         assert_eq!(
             std::fs::read_to_string(host.out()).expect("ran"),
-            "none|unset|unset\n"
+            "none|unset|unset|0022\n"
         );
         std::fs::remove_file(host.out()).expect("rm");
     }
