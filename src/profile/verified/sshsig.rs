@@ -219,7 +219,12 @@ impl TrustedSigners {
     pub fn verify(&self, armored: &str, message: &[u8]) -> Result<VerifiedSigner, SigError> {
         let sig = parse_armored(armored)?;
         let signer = sig.public_key();
-        let Some(index) = self.keys.iter().position(|k| k.key_data() == signer) else {
+        let Some((index, key)) = self
+            .keys
+            .iter()
+            .enumerate()
+            .find(|(_, k)| k.key_data() == signer)
+        else {
             return Err(SigError::UntrustedSigner {
                 fingerprint: signer.fingerprint(HashAlg::Sha256).to_string(),
             });
@@ -239,14 +244,12 @@ impl TrustedSigners {
                 return Err(SigError::SkUserPresence);
             }
         }
-        self.keys[index]
-            .verify(NAMESPACE, message, &sig)
-            .map_err(|e| match e {
-                ssh_key::Error::AlgorithmUnknown | ssh_key::Error::AlgorithmUnsupported { .. } => {
-                    SigError::UnsupportedAlgorithm(sig.algorithm().to_string())
-                }
-                _ => SigError::BadSignature,
-            })?;
+        key.verify(NAMESPACE, message, &sig).map_err(|e| match e {
+            ssh_key::Error::AlgorithmUnknown | ssh_key::Error::AlgorithmUnsupported { .. } => {
+                SigError::UnsupportedAlgorithm(sig.algorithm().to_string())
+            }
+            _ => SigError::BadSignature,
+        })?;
         Ok(VerifiedSigner {
             fingerprint: signer.fingerprint(HashAlg::Sha256).to_string(),
             algorithm: signer.algorithm().to_string(),
