@@ -422,6 +422,7 @@ fn bad_parameters_are_refused_before_anything_runs() {
         "KPSSH_A-B=x\n",
         "KPSSH_MULTI=line one\nline two\n",
         "KPSSH_CR=a\rb\n",
+        "KPSSH_NUL=a\0b\n",
         "KPSSH_OUT=again\n",
         "KPSSH_NO_NEWLINE=x",
     ] {
@@ -465,6 +466,17 @@ fn phases_are_checked() {
     assert_eq!(code(&mismatch), exit::PHASE, "{}", stderr(&mismatch));
     let garbage = host.shim("run join", b"hello\n");
     assert_eq!(code(&garbage), exit::ENVELOPE);
+    let empty = host.shim("run join", b"");
+    assert_eq!(code(&empty), exit::ENVELOPE);
+    let mut huge = raw_v1("join", &p, Some(&sig), SCRIPT.as_bytes());
+    huge.extend(std::iter::repeat_n(b'#', 1024 * 1024));
+    let huge = host.shim("run join", &huge);
+    assert_eq!(code(&huge), exit::ENVELOPE, "{}", stderr(&huge));
+    let crlf = String::from_utf8(raw_v1("join", &p, Some(&sig), SCRIPT.as_bytes()))
+        .expect("utf8")
+        .replace('\n', "\r\n");
+    let crlf = host.shim("run join", crlf.as_bytes());
+    assert_eq!(code(&crlf), exit::ENVELOPE, "{}", stderr(&crlf));
     let bad_cmd = host.shim(
         "kpssh-shim --allowed-signers /tmp/x run join",
         &raw_v1("join", &p, Some(&sig), SCRIPT.as_bytes()),
