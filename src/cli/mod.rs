@@ -1,6 +1,7 @@
 //! The `kpssh` command line: one module per subcommand.
 
 pub mod crds;
+pub mod sign;
 
 use clap::{Parser, Subcommand};
 
@@ -16,11 +17,14 @@ pub struct Cli {
 pub enum Command {
     /// Print kpssh's CustomResourceDefinitions as one multi-document YAML.
     Crds(crds::CrdsArgs),
+    /// Sign an SSHJoinProfile's scripts (v1 and v2 signatures) with ssh-keygen.
+    Sign(sign::SignArgs),
 }
 
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Crds(args) => crds::run(&args),
+        Command::Sign(args) => sign::run(args),
     }
 }

@@ -211,8 +211,9 @@ async fn resolve<C: Cluster, T: Transport>(
     };
     let mut dry = ctx.clone();
     dry.bootstrap_token = Some(Secret::new("abcdef.0123456789abcdef"));
+    let now = state.ctx.clock.now();
     for phase in [Phase::Install, Phase::Join, Phase::Leave] {
-        plan(&state.host, &profile, phase, &dry)?;
+        plan(&state.host, &profile, phase, &dry, now)?;
     }
     Ok(Some(Plan {
         claim: nodeclaim,

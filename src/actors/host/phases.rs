@@ -66,6 +66,7 @@ pub fn plan(
     profile: &SSHJoinProfile,
     phase: Phase,
     ctx: &PhaseContext,
+    now: jiff::Timestamp,
 ) -> Result<(RemoteCommand, crate::profile::redact::Redactor), PhaseFailure> {
     let mode = match host.spec.exec_mode {
         ExecMode::Raw => RenderMode::Raw,
@@ -85,7 +86,7 @@ pub fn plan(
                 timeout: rendered.timeout,
             }
         }
-        ExecMode::Verified => super::verified::command(host, profile, &rendered)?,
+        ExecMode::Verified => super::verified::command(host, profile, &rendered, now)?,
     };
     Ok((cmd, redactor))
 }
@@ -98,7 +99,7 @@ pub async fn run_phase<C: Cluster, T: Transport>(
     phase: Phase,
     ctx: &PhaseContext,
 ) -> Result<(), PhaseFailure> {
-    let (cmd, redactor) = plan(&state.host, profile, phase, ctx)?;
+    let (cmd, redactor) = plan(&state.host, profile, phase, ctx, state.ctx.clock.now())?;
     let _permit = state.ctx.limits.phase().await;
     let out = state
         .ctx
@@ -113,9 +114,13 @@ pub async fn run_phase<C: Cluster, T: Transport>(
         return Ok(());
     }
     let tail = redactor.tail_bytes(&out.stderr, STDERR_TAIL);
+    let meaning = match state.host.spec.exec_mode {
+        ExecMode::Verified => format!(" ({})", super::verified::describe_exit(out.exit_status)),
+        ExecMode::Raw => String::new(),
+    };
     Err(PhaseFailure {
         message: format!(
-            "{}: {phase} exited with status {}: {}",
+            "{}: {phase} exited with status {}{meaning}: {}",
             state.key(),
             out.exit_status,
             tail.trim()

@@ -1,1 +1,132 @@
-//! Verified execution (SSHSIG, envelopes).
+//! Verified execution: signed profile scripts, checked by the controller before it connects and
+//! again on the host by `kpssh-shim` (sshd `ForceCommand`) with stock `ssh-keygen -Y verify`.
+//!
+//! - [`sshsig`]: parse and verify armored SSHSIG blobs against `spec.trustedSigners`.
+//! - [`envelope`]: the v1/v2 wire envelope written to the shim's stdin, and the v2 manifest.
+//! - [`prepare`]: the controller's one call — verify, then build the command and stdin.
+//!
+//! See `docs/verified-exec.md` for the contract.
+
+pub mod envelope;
+pub mod sshsig;
+
+pub use envelope::{
+    Binding, Envelope, EnvelopeError, Expires, Params, Phase, ProfileRef, manifest_v2, shim_command,
+};
+pub use sshsig::{SigError, TrustedSigners, VerifiedSigner};
+
+/// Exit codes of `kpssh-shim`.
+pub mod exit {
+    /// The script ran and exited 0 (or the probe succeeded).
+    pub const OK: i32 = 0;
+    /// Internal error in the shim (missing tool, unwritable temp dir, …).
+    pub const INTERNAL: i32 = 1;
+    /// Signature missing or not valid for a trusted signer.
+    pub const SIGNATURE: i32 = 2;
+    /// A parameter name or value was refused.
+    pub const PARAMETER: i32 = 3;
+    /// The envelope or the command line is malformed.
+    pub const ENVELOPE: i32 = 4;
+    /// Unknown phase, or not the phase that was requested.
+    pub const PHASE: i32 = 5;
+    /// v2: expired, for another profile/version than requested, or an older version replayed.
+    pub const EXPIRED: i32 = 6;
+    /// The signed script ran and exited non-zero (its own code is printed on stderr).
+    pub const SCRIPT_FAILED: i32 = 10;
+
+    /// A short description of a shim exit code.
+    pub fn describe(code: i32) -> &'static str {
+        match code {
+            OK => "ok",
+            INTERNAL => "shim internal error",
+            SIGNATURE => "signature refused",
+            PARAMETER => "parameter refused",
+            ENVELOPE => "malformed envelope",
+            PHASE => "phase refused",
+            EXPIRED => "signature expired or replayed",
+            SCRIPT_FAILED => "signed script failed",
+            _ => "unexpected exit code",
+        }
+    }
+}
+
+/// Signatures of one phase as stored on an `SSHJoinProfile`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PhaseSignatures {
+    /// `spec.signatures.<phase>`: armored SSHSIG over the script bytes.
+    pub v1: Option<String>,
+    /// `spec.signaturesV2.expires` and `spec.signaturesV2.<phase>`: armored SSHSIG over the
+    /// [`manifest_v2`] text.
+    pub v2: Option<(String, String)>,
+}
+
+/// Everything the controller knows about one verified phase run.
+#[derive(Debug, Clone)]
+pub struct PhaseRequest<'a> {
+    /// The phase to run.
+    pub phase: Phase,
+    /// Profile name and `spec.version`.
+    pub profile: ProfileRef,
+    /// The script text (must be template-free; it is sent byte for byte).
+    pub script: &'a str,
+    /// Signatures from the profile.
+    pub signatures: PhaseSignatures,
+    /// Validated `KPSSH_*` parameters.
+    pub params: Params,
+    /// The host's `spec.shimCommand`.
+    pub shim_command: &'a str,
+}
+
+/// What to send: run `command` over SSH and write `stdin` to it.
+#[derive(Debug, Clone)]
+pub struct PreparedRun {
+    /// Command line for the SSH exec request.
+    pub command: String,
+    /// The encoded envelope.
+    pub stdin: Vec<u8>,
+    /// Who signed it.
+    pub signer: VerifiedSigner,
+    /// Envelope version used (2 when v2 signatures exist, else 1).
+    pub version: u8,
+}
+
+/// Verify a phase's signature against the host's trusted signers and build the shim invocation.
+/// Uses v2 (phase/profile/expiry-bound) when the profile carries v2 signatures, v1 otherwise;
+/// refuses unsigned and templated scripts. Nothing here touches the network.
+pub fn prepare(
+    trusted: &TrustedSigners,
+    req: PhaseRequest<'_>,
+    now: jiff::Timestamp,
+) -> Result<PreparedRun, EnvelopeError> {
+    if req.script.contains("{{") {
+        return Err(EnvelopeError::Format(
+            "verified scripts must be template-free (found `{{`)".into(),
+        ));
+    }
+    let script = req.script.as_bytes();
+    let (env, profile) = match req.signatures.v2 {
+        Some((expires, sig)) => {
+            let expires: Expires = expires.parse()?;
+            let env = Envelope::v2(
+                req.phase,
+                req.profile.clone(),
+                expires,
+                req.params,
+                &sig,
+                script,
+            )?;
+            (env, Some(req.profile))
+        }
+        None => {
+            let sig = req.signatures.v1.unwrap_or_default();
+            (Envelope::v1(req.phase, req.params, &sig, script)?, None)
+        }
+    };
+    let signer = env.verify(trusted, now)?;
+    Ok(PreparedRun {
+        command: shim_command(req.shim_command, req.phase, profile.as_ref()),
+        stdin: env.encode(),
+        signer,
+        version: env.version(),
+    })
+}
