@@ -13,5 +13,6 @@ pub mod k8s;
 pub mod karpenter;
 pub mod profile;
 pub mod secret;
+pub mod server;
 pub mod sim;
 pub mod ssh;

@@ -23,6 +23,7 @@ pub struct Context<C: Cluster, T: Transport> {
     /// Latest SSHHost objects as the supervisor's watch delivered them, by name. Read by the
     /// router to choose hosts; written only by the supervisor. Ordered for determinism.
     pub hosts: HostView,
+    pub metrics: super::metrics::SharedMetrics,
     /// The one random source (token values, jitter): seeded, so a simulation run replays.
     rng: Arc<Mutex<ChaCha8Rng>>,
 }
@@ -36,6 +37,7 @@ impl<C: Cluster, T: Transport> Clone for Context<C, T> {
             config: self.config.clone(),
             limits: self.limits.clone(),
             hosts: self.hosts.clone(),
+            metrics: self.metrics.clone(),
             rng: self.rng.clone(),
         }
     }
@@ -62,6 +64,7 @@ impl<C: Cluster, T: Transport> Context<C, T> {
             config: Arc::new(config),
             limits,
             hosts: HostView::default(),
+            metrics: Arc::new(super::metrics::Metrics::new()),
             rng: Arc::new(Mutex::new(rng)),
         }
     }

@@ -9,6 +9,7 @@ pub mod drift;
 pub mod events;
 pub mod host;
 pub mod limits;
+pub mod metrics;
 pub mod nodeclass;
 pub mod router;
 pub mod status;
@@ -16,3 +17,51 @@ pub mod supervisor;
 
 pub use config::Config;
 pub use context::Context;
+
+use ractor::{Actor, ActorRef, SpawnErr};
+
+use crate::k8s::Cluster;
+use crate::ssh::Transport;
+
+/// The controller's long-lived actors.
+pub struct Controller {
+    pub supervisor: ActorRef<supervisor::SupervisorMsg>,
+    pub router: ActorRef<router::RouterMsg>,
+    pub nodeclasses: ActorRef<nodeclass::NodeClassMsg>,
+}
+
+impl Controller {
+    /// Stop taking work: the router first (no new claims), then the host actors finish the
+    /// message in hand (a phase in flight completes) within `grace`.
+    pub async fn shutdown(self, grace: std::time::Duration) {
+        let _ = self.router.stop_and_wait(None, Some(grace)).await;
+        let _ = self.nodeclasses.stop_and_wait(None, Some(grace)).await;
+        self.supervisor
+            .get_cell()
+            .stop_children_and_wait(Some("shutdown".into()), Some(grace))
+            .await;
+        let _ = self.supervisor.stop_and_wait(None, Some(grace)).await;
+    }
+}
+
+/// Start the supervisor, the router and the node class controller, as `kpssh controller` and
+/// the simulation do.
+pub async fn spawn_controller<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+) -> Result<Controller, SpawnErr> {
+    let (supervisor, _) =
+        Actor::spawn(None, supervisor::Supervisor::default(), ctx.clone()).await?;
+    let (router, _) = Actor::spawn(
+        None,
+        router::Router::default(),
+        (ctx.clone(), supervisor.clone()),
+    )
+    .await?;
+    let (nodeclasses, _) =
+        Actor::spawn(None, nodeclass::NodeClassController::default(), ctx.clone()).await?;
+    Ok(Controller {
+        supervisor,
+        router,
+        nodeclasses,
+    })
+}

@@ -205,6 +205,7 @@ async fn spawn_host<C: Cluster, T: Transport>(
         Ok((actor, _)) => {
             state.names.insert(actor.get_id(), name.clone());
             state.actors.insert(name, actor);
+            state.ctx.metrics.host_actors.set(state.actors.len() as i64);
         }
         Err(e) => tracing::error!(host = %name, error = %e, "could not start host actor"),
     }
@@ -214,6 +215,7 @@ fn stop_host<C: Cluster, T: Transport>(state: &mut SupervisorState<C, T>, name: 
     if let Some(a) = state.actors.remove(name) {
         state.names.remove(&a.get_id());
         a.stop(Some("SSHHost deleted".into()));
+        state.ctx.metrics.host_actors.set(state.actors.len() as i64);
     }
 }
 

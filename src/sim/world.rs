@@ -9,14 +9,14 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
-use ractor::{Actor, ActorRef};
+use ractor::ActorRef;
 
 use super::host::SimHost;
 use super::transport::SimTransport;
-use crate::actors::nodeclass::{NodeClassController, NodeClassMsg};
-use crate::actors::router::{Router, RouterMsg};
-use crate::actors::supervisor::{Supervisor, SupervisorMsg};
-use crate::actors::{Config, Context};
+use crate::actors::nodeclass::NodeClassMsg;
+use crate::actors::router::RouterMsg;
+use crate::actors::supervisor::SupervisorMsg;
+use crate::actors::{Config, Context, Controller, spawn_controller};
 use crate::api::host::SecretRef;
 use crate::api::karpenter::{NodeClaimSpec, NodeClassRef};
 use crate::api::nodeclass::{ClusterEndpoint, ProfileRef, SSHNodeClassSpec};
@@ -56,7 +56,11 @@ impl World {
             Some(seed),
         );
         cluster.create(&key_secret(&ns)).await?;
-        let (supervisor, router, nodeclasses) = spawn_controller(&ctx).await?;
+        let Controller {
+            supervisor,
+            router,
+            nodeclasses,
+        } = spawn_controller(&ctx).await.map_err(spawn_error)?;
         Ok(World {
             cluster,
             transport,
@@ -126,7 +130,11 @@ impl World {
             (*self.ctx.config).clone(),
             Some(seed),
         );
-        let (supervisor, router, nodeclasses) = spawn_controller(&ctx).await?;
+        let Controller {
+            supervisor,
+            router,
+            nodeclasses,
+        } = spawn_controller(&ctx).await.map_err(spawn_error)?;
         self.ctx = ctx;
         self.supervisor = supervisor;
         self.router = router;
@@ -141,30 +149,8 @@ impl World {
     }
 }
 
-/// The controller's actors, as `kpssh controller` starts them.
-pub async fn spawn_controller<C: Cluster, T: crate::ssh::Transport>(
-    ctx: &Context<C, T>,
-) -> Result<
-    (
-        ActorRef<SupervisorMsg>,
-        ActorRef<RouterMsg>,
-        ActorRef<NodeClassMsg>,
-    ),
-    ClusterError,
-> {
-    let (supervisor, _) = Actor::spawn(None, Supervisor::default(), ctx.clone())
-        .await
-        .map_err(|e| spawn_error(e.to_string()))?;
-    let (router, _) = Actor::spawn(None, Router::default(), (ctx.clone(), supervisor.clone()))
-        .await
-        .map_err(|e| spawn_error(e.to_string()))?;
-    let (nodeclasses, _) = Actor::spawn(None, NodeClassController::default(), ctx.clone())
-        .await
-        .map_err(|e| spawn_error(e.to_string()))?;
-    Ok((supervisor, router, nodeclasses))
-}
-
-fn spawn_error(message: String) -> ClusterError {
+fn spawn_error(message: impl ToString) -> ClusterError {
+    let message = message.to_string();
     ClusterError::Invalid {
         kind: "Actor".into(),
         key: String::new(),

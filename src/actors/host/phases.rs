@@ -10,6 +10,7 @@ use crate::profile::phase::{
 use crate::ssh::{HostTarget, RemoteCommand, Transport};
 
 use super::HostActorState;
+use crate::actors::metrics::{InFlight, PhaseLabels};
 
 /// Bytes of stderr kept (after redaction) in a failure message.
 const STDERR_TAIL: usize = 2048;
@@ -101,15 +102,26 @@ pub async fn run_phase<C: Cluster, T: Transport>(
 ) -> Result<(), PhaseFailure> {
     let (cmd, redactor) = plan(&state.host, profile, phase, ctx, state.ctx.clock.now())?;
     let _permit = state.ctx.limits.phase().await;
-    let out = state
-        .ctx
-        .transport
-        .exec(target, cmd)
-        .await
-        .map_err(|e| PhaseFailure {
-            message: redactor.redact(&e.to_string()),
-            touched_host: e.touched_host(),
-        })?;
+    let metrics = &state.ctx.metrics;
+    let _in_flight = InFlight::new(&metrics.phases_in_flight);
+    let started = tokio::time::Instant::now();
+    let result = state.ctx.transport.exec(target, cmd).await;
+    let outcome = match &result {
+        Ok(o) if o.success() => "success",
+        Ok(_) => "failure",
+        Err(_) => "error",
+    };
+    metrics
+        .phase_duration
+        .get_or_create(&PhaseLabels {
+            phase: phase.as_str().into(),
+            outcome: outcome.into(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    let out = result.map_err(|e| PhaseFailure {
+        message: redactor.redact(&e.to_string()),
+        touched_host: e.touched_host(),
+    })?;
     if out.success() {
         return Ok(());
     }

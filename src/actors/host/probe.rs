@@ -85,15 +85,26 @@ async fn probe_once<C: Cluster, T: Transport>(
         .then(|| state.host.spec.shim_command.clone());
     let result = {
         let _permit = state.ctx.limits.probe().await;
+        let started = tokio::time::Instant::now();
         let probe = state.ctx.transport.probe(&target, shim.as_deref());
-        match tokio::time::timeout(state.ctx.config.probe_timeout, probe).await {
+        let result = match tokio::time::timeout(state.ctx.config.probe_timeout, probe).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!(
                 "{}: probe timed out after {:?}",
                 state.key(),
                 state.ctx.config.probe_timeout
             )),
-        }
+        };
+        let outcome = if result.is_ok() { "success" } else { "failure" };
+        state
+            .ctx
+            .metrics
+            .probe_duration
+            .get_or_create(&crate::actors::metrics::OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        result
     };
     match result {
         Ok(report) => record_success(state, &report).await,

@@ -243,6 +243,7 @@ pub async fn zombie_leave<C: Cluster, T: Transport>(
                 s.last_probe_error = None;
             })
             .await?;
+            zombie_action(state, "leave");
             let msg = format!("leave ran on {}; the orphan kubelet is gone", state.key());
             events::record(
                 &state.ctx.cluster,
@@ -254,6 +255,7 @@ pub async fn zombie_leave<C: Cluster, T: Transport>(
             .await;
         }
         Err(f) => {
+            zombie_action(state, "leave_failed");
             write(state, ProbeStamp::Keep, |s| {
                 s.state = HostState::Unhealthy;
                 s.last_probe_error = Some(f.message.clone());
@@ -270,6 +272,17 @@ pub async fn zombie_leave<C: Cluster, T: Transport>(
         }
     }
     Ok(())
+}
+
+fn zombie_action<C: Cluster, T: Transport>(state: &HostActorState<C, T>, action: &str) {
+    state
+        .ctx
+        .metrics
+        .zombie_actions
+        .get_or_create(&crate::actors::metrics::ActionLabels {
+            action: action.into(),
+        })
+        .inc();
 }
 
 /// Run the marker profile's leave on this host.

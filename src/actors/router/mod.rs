@@ -322,6 +322,7 @@ async fn claim_host<C: Cluster, T: Transport>(
             Ok(updated) => {
                 state.ctx.hosts.upsert(updated);
                 state.claimed += 1;
+                state.ctx.metrics.claims.inc();
                 state.launches.insert(claim.uid.clone());
                 send(state, name, HostMsg::Launch(claim.clone()));
                 let msg = format!("claimed SSHHost {}/{name}", state.ctx.pool_ns());
@@ -331,6 +332,7 @@ async fn claim_host<C: Cluster, T: Transport>(
             Err(e) if e.is_conflict() => {
                 // S15: someone else got there first; that is not an error. Try the next one.
                 state.conflicts += 1;
+                state.ctx.metrics.claim_conflicts.inc();
                 if let Ok(Some(fresh)) = cluster
                     .get::<SSHHost>(Some(state.ctx.pool_ns()), name)
                     .await
