@@ -1,1 +1,3 @@
 //! The `kpssh` command line: one module per subcommand.
+
+pub mod probe;

@@ -1,0 +1,227 @@
+//! The probe: what a host is (cpu, memory, arch) and whether a kubelet runs on it.
+//!
+//! Output contract (shared with the host-side shim, do not change): stdout lines `key=value`,
+//! first line `kpssh-probe=1`, then `cpu=<nproc>`, `memory_kib=<MemTotal kB>`,
+//! `arch=<uname -m>`, `kubelet=<systemctl is-active kubelet | unknown>`. Unknown keys are
+//! ignored; missing, unparsable or zero cpu/memory is an error, never a host with zero capacity.
+
+/// The fixed POSIX-sh probe run on Raw hosts (fed to `sh -s` on stdin).
+pub const PROBE_SCRIPT: &str = r#"echo kpssh-probe=1
+cpu=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null)
+echo "cpu=$cpu"
+mem=
+while read -r k v _; do
+  if [ "$k" = "MemTotal:" ]; then mem=$v; break; fi
+done < /proc/meminfo
+echo "memory_kib=$mem"
+echo "arch=$(uname -m)"
+if command -v systemctl >/dev/null 2>&1; then
+  echo "kubelet=$(systemctl is-active kubelet 2>/dev/null | head -n 1)"
+else
+  echo "kubelet=unknown"
+fi
+"#;
+
+/// The command sent to a Verified host's shim.
+pub const VERIFIED_PROBE_COMMAND: &str = "probe";
+
+/// Longest excerpt of bad probe output kept in an error.
+pub const EXCERPT_MAX: usize = 256;
+
+/// What the probe observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeFacts {
+    pub cpu: u32,
+    pub memory_kib: u64,
+    /// Normalised: x86_64→amd64, aarch64/arm64→arm64, others as reported.
+    pub arch: String,
+    pub kubelet_active: bool,
+}
+
+/// Probe output that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// The output does not follow the contract; `excerpt` is the start of stdout, capped at
+    /// [`EXCERPT_MAX`] bytes (lossy UTF-8, control characters escaped).
+    #[error("unparsable probe output ({reason}): {excerpt:?}")]
+    Unparsable { reason: String, excerpt: String },
+    /// The probe command exited non-zero.
+    #[error("probe exited with status {exit_status}: {stderr_excerpt:?}")]
+    Failed {
+        exit_status: u32,
+        stderr_excerpt: String,
+    },
+}
+
+/// Normalise `uname -m` to Kubernetes' `kubernetes.io/arch` values.
+pub fn normalize_arch(raw: &str) -> String {
+    match raw.trim() {
+        "x86_64" | "amd64" => "amd64".to_string(),
+        "aarch64" | "arm64" => "arm64".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// A capped, printable excerpt of some bytes for error texts.
+pub fn excerpt(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(EXCERPT_MAX)];
+    let text = String::from_utf8_lossy(cut);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '\n' || c == '\t' || !c.is_control() {
+            out.push(c);
+        } else {
+            out.push('?');
+        }
+    }
+    if bytes.len() > EXCERPT_MAX {
+        out.push('…');
+    }
+    out
+}
+
+/// Parse probe stdout.
+pub fn parse_probe_output(stdout: &[u8]) -> Result<ProbeFacts, ProbeError> {
+    let bad = |reason: &str| ProbeError::Unparsable {
+        reason: reason.to_string(),
+        excerpt: excerpt(stdout),
+    };
+    let text = std::str::from_utf8(stdout).map_err(|_| bad("not UTF-8"))?;
+    let mut lines = text.lines().map(|l| l.trim_end_matches('\r'));
+    if lines.next().map(str::trim) != Some("kpssh-probe=1") {
+        return Err(bad("first line is not kpssh-probe=1"));
+    }
+    let (mut cpu, mut memory, mut arch, mut kubelet) = (None, None, None, None);
+    for line in lines {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let value = value.trim();
+        match key.trim() {
+            "cpu" => cpu = Some(value),
+            "memory_kib" => memory = Some(value),
+            "arch" => arch = Some(value),
+            "kubelet" => kubelet = Some(value),
+            _ => {}
+        }
+    }
+    let cpu = match cpu.map(str::parse::<u32>) {
+        None => return Err(bad("cpu missing")),
+        Some(Err(_)) => return Err(bad("cpu is not a number")),
+        Some(Ok(0)) => return Err(bad("cpu is zero")),
+        Some(Ok(n)) => n,
+    };
+    let memory_kib = match memory.map(str::parse::<u64>) {
+        None => return Err(bad("memory_kib missing")),
+        Some(Err(_)) => return Err(bad("memory_kib is not a number")),
+        Some(Ok(0)) => return Err(bad("memory_kib is zero")),
+        Some(Ok(n)) => n,
+    };
+    let arch = match arch {
+        Some(a) if !a.is_empty() => normalize_arch(a),
+        _ => return Err(bad("arch missing")),
+    };
+    Ok(ProbeFacts {
+        cpu,
+        memory_kib,
+        arch,
+        kubelet_active: kubelet == Some("active"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const GOOD: &str =
+        "kpssh-probe=1\ncpu=4\nmemory_kib=16318412\narch=x86_64\nkubelet=inactive\n";
+
+    #[test]
+    fn parses_the_contract() {
+        let f = parse_probe_output(GOOD.as_bytes()).expect("parses");
+        assert_eq!(
+            f,
+            ProbeFacts {
+                cpu: 4,
+                memory_kib: 16318412,
+                arch: "amd64".into(),
+                kubelet_active: false
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_keys_ignored_and_kubelet_active() {
+        let out = "kpssh-probe=1\r\nfoo=bar\nnoise\ncpu=2\nmemory_kib=1024\narch=aarch64\nkubelet=active\nextra=1\n";
+        let f = parse_probe_output(out.as_bytes()).expect("parses");
+        assert_eq!(f.arch, "arm64");
+        assert!(f.kubelet_active);
+        assert_eq!(f.cpu, 2);
+    }
+
+    #[test]
+    fn arch_normalisation() {
+        assert_eq!(normalize_arch("x86_64"), "amd64");
+        assert_eq!(normalize_arch("aarch64"), "arm64");
+        assert_eq!(normalize_arch("arm64"), "arm64");
+        assert_eq!(normalize_arch("riscv64"), "riscv64");
+        assert_eq!(normalize_arch("armv7l"), "armv7l");
+    }
+
+    #[test]
+    fn missing_zero_or_garbage_capacity_is_unparsable() {
+        for out in [
+            "",
+            "hello\n",
+            "cpu=4\nmemory_kib=10\narch=x86_64\n",
+            "kpssh-probe=1\nmemory_kib=10\narch=x86_64\n",
+            "kpssh-probe=1\ncpu=0\nmemory_kib=10\narch=x86_64\n",
+            "kpssh-probe=1\ncpu=4\nmemory_kib=0\narch=x86_64\n",
+            "kpssh-probe=1\ncpu=four\nmemory_kib=10\narch=x86_64\n",
+            "kpssh-probe=1\ncpu=4\nmemory_kib=\narch=x86_64\n",
+            "kpssh-probe=1\ncpu=-1\nmemory_kib=10\narch=x86_64\n",
+            "kpssh-probe=1\ncpu=4\nmemory_kib=10\n",
+        ] {
+            let err = parse_probe_output(out.as_bytes()).expect_err(out);
+            assert!(matches!(err, ProbeError::Unparsable { .. }), "{out:?}");
+        }
+    }
+
+    #[test]
+    fn excerpt_is_capped() {
+        let big = vec![b'x'; 10_000];
+        let ProbeError::Unparsable { excerpt, .. } =
+            parse_probe_output(&big).expect_err("garbage")
+        else {
+            panic!("wrong variant")
+        };
+        assert!(excerpt.len() <= EXCERPT_MAX + 4);
+        let msg = parse_probe_output(&big).expect_err("garbage").to_string();
+        assert!(msg.len() < 400, "{}", msg.len());
+    }
+
+    proptest! {
+        #[test]
+        fn parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = parse_probe_output(&bytes);
+        }
+
+        #[test]
+        fn parser_never_panics_on_near_miss(
+            lines in proptest::collection::vec(
+                ("(kpssh-probe|cpu|memory_kib|arch|kubelet|x)", "[ -~]{0,12}"), 0..8)
+        ) {
+            let mut out = String::from("kpssh-probe=1\n");
+            for (k, v) in &lines {
+                out.push_str(k);
+                out.push('=');
+                out.push_str(v);
+                out.push('\n');
+            }
+            if let Ok(f) = parse_probe_output(out.as_bytes()) {
+                prop_assert!(f.cpu > 0 && f.memory_kib > 0 && !f.arch.is_empty());
+            }
+        }
+    }
+}
