@@ -58,10 +58,7 @@ async fn sh(t: &RusshTransport, target: &HostTarget, cmd: &str) -> kpssh::ssh::C
 async fn s1_tofu_probe_reports_fingerprint_and_facts() {
     let (sshd, key) = setup();
     let t = transport();
-    let report = t
-        .probe(&target(&sshd, &key), None)
-        .await
-        .expect("probe");
+    let report = t.probe(&target(&sshd, &key), None).await.expect("probe");
     assert_eq!(report.fingerprint, sshd.fingerprint());
     assert_eq!(report.fingerprint.len(), "SHA256:".len() + 43);
     let cpus = std::thread::available_parallelism()
@@ -107,7 +104,10 @@ async fn s1_known_host_override_each_form() {
         tg.host = format!("ns/good-{i}");
         // knownHost wins over a (wrong) recorded fingerprint.
         tg.pin = HostKeyPin::from_sources(Some(kh), Some(&other.fingerprint()));
-        let r = t.probe(&tg, None).await.unwrap_or_else(|e| panic!("{kh}: {e}"));
+        let r = t
+            .probe(&tg, None)
+            .await
+            .unwrap_or_else(|e| panic!("{kh}: {e}"));
         assert_eq!(r.fingerprint, sshd.fingerprint());
     }
     for (i, kh) in bad.iter().enumerate() {
@@ -154,7 +154,7 @@ async fn s3_mismatching_pin_opens_no_session() {
     assert_eq!(actual, &sshd.fingerprint());
     assert!(e.touched_host() && !e.is_transient());
     assert!(e.to_string().contains(&tg.host));
-    std::thread::sleep(Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let log = sshd.log();
     assert_eq!(sshd.connections(), 1, "{log}");
     assert!(!log.contains("Accepted publickey"), "{log}");
@@ -223,7 +223,9 @@ async fn encrypted_or_invalid_key_is_a_clear_error_before_dialling() {
     );
     assert!(!e.touched_host());
     let mut bad = tg.clone();
-    bad.key = Secret::new("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n-----END OPENSSH PRIVATE KEY-----\n");
+    bad.key = Secret::new(
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n-----END OPENSSH PRIVATE KEY-----\n",
+    );
     let e = t.probe(&bad, None).await.expect_err("invalid");
     assert!(matches!(e, TransportError::KeyInvalid { .. }), "{e}");
     assert!(!e.to_string().contains("not a key"));
@@ -297,8 +299,12 @@ async fn command_timeout_returns_promptly_and_kills_the_remote_process() {
     assert_eq!(pids.len(), 2);
     let deadline = Instant::now() + secs(3);
     while pids.iter().any(|p| sshd::process_alive(*p)) {
-        assert!(Instant::now() < deadline, "remote processes {pids:?} survive");
-        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            Instant::now() < deadline,
+            "remote processes {pids:?} survive: {}",
+            sshd.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The connection is still usable.
     assert_eq!(sh(&t, &tg, "echo ok").await.stdout, b"ok\n");
@@ -314,7 +320,7 @@ async fn background_child_holding_stdout_does_not_block() {
     let out = t
         .exec(
             &tg,
-            RemoteCommand::new("sleep 30 & echo started; exit 4", secs(20)),
+            RemoteCommand::new("sleep 8 & echo started; exit 4", secs(20)),
         )
         .await
         .expect("exec");
@@ -388,7 +394,7 @@ async fn jump_host() {
     assert_eq!(r.fingerprint, target_sshd.fingerprint());
     let out = sh(&t, &tg, "echo via").await;
     assert_eq!(out.stdout, b"via\n");
-    std::thread::sleep(Duration::from_millis(200));
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         bastion.log().contains("direct-tcpip"),
         "bastion log: {}",
@@ -421,11 +427,18 @@ async fn session_reuse_one_connection_for_many_calls() {
         let t = &t;
         let pinned = &pinned;
         async move {
-            t.exec(pinned, RemoteCommand::new(format!("sleep 0.3; echo {i}"), secs(20)))
-                .await
+            t.exec(
+                pinned,
+                RemoteCommand::new(format!("sleep 0.3; echo {i}"), secs(20)),
+            )
+            .await
         }
     });
-    for (i, r) in futures::future::join_all(runs).await.into_iter().enumerate() {
+    for (i, r) in futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .enumerate()
+    {
         assert_eq!(r.expect("exec").stdout, format!("{i}\n").into_bytes());
     }
     let conns = sshd.connections();
@@ -443,20 +456,19 @@ async fn session_reuse_one_connection_for_many_calls() {
     let _ = t
         .exec(&pinned, RemoteCommand::new("kill -9 $PPID", secs(10)))
         .await;
-    std::thread::sleep(Duration::from_millis(200));
+    tokio::time::sleep(Duration::from_millis(200)).await;
     t.probe(&pinned, None).await.expect("probe after break");
     assert_eq!(sshd.connections(), 3);
 }
 
 #[tokio::test]
-async fn idle_connections_close_and_cap_evicts_lru() {
+async fn cap_evicts_lru_and_idle_connections_close() {
     let (a, key) = setup();
     let b = Sshd::start();
     b.authorize(&key.public);
     let c = Sshd::start();
     c.authorize(&key.public);
     let t = RusshTransport::new(TransportConfig {
-        idle_timeout: Duration::from_millis(800),
         max_connections: 2,
         ..TransportConfig::default()
     });
@@ -464,18 +476,31 @@ async fn idle_connections_close_and_cap_evicts_lru() {
     t.probe(&ta, None).await.expect("a");
     t.probe(&tb, None).await.expect("b");
     t.probe(&tc, None).await.expect("c");
-    assert_eq!(t.pooled_connections(), 2, "cap of 2: the LRU (a) was evicted");
+    assert_eq!(
+        t.pooled_connections(),
+        2,
+        "cap of 2: the LRU (a) was evicted"
+    );
     t.probe(&tc, None).await.expect("c");
     t.probe(&tb, None).await.expect("b");
     assert_eq!((b.connections(), c.connections()), (1, 1));
     t.probe(&ta, None).await.expect("a");
     assert_eq!(a.connections(), 2, "a was re-dialled after eviction");
-    // Idle: all closed after the idle timeout, the daemons see the disconnects.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    assert_eq!(t.pooled_connections(), 0);
-    std::thread::sleep(Duration::from_millis(300));
-    t.probe(&ta, None).await.expect("a");
-    assert_eq!(a.connections(), 3);
+    t.probe(&tb, None).await.expect("b");
+    assert_eq!(b.connections(), 1, "b was most recently used, c went");
+
+    // Idle: closed after the idle timeout; the next call dials again.
+    let idle = RusshTransport::new(TransportConfig {
+        idle_timeout: Duration::from_millis(500),
+        ..TransportConfig::default()
+    });
+    idle.probe(&tc, None).await.expect("c");
+    idle.probe(&tc, None).await.expect("c");
+    assert_eq!(c.connections(), 2);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(idle.pooled_connections(), 0);
+    idle.probe(&tc, None).await.expect("c");
+    assert_eq!(c.connections(), 3);
 }
 
 #[tokio::test]
@@ -562,10 +587,18 @@ async fn s5_unparsable_probe_output() {
     );
     let mut tg = target(&sshd, &rec);
     tg.host = "ns/verified".into();
-    let r = t.probe(&tg, Some("/opt/kpssh/kpssh-shim")).await.expect("probe");
+    let r = t
+        .probe(&tg, Some("/opt/kpssh/kpssh-shim"))
+        .await
+        .expect("probe");
     assert_eq!(std::fs::read_to_string(&seen).expect("recorded"), "probe");
     assert_eq!(
-        (r.facts.cpu, r.facts.memory_kib, r.facts.arch.as_str(), r.facts.kubelet_active),
+        (
+            r.facts.cpu,
+            r.facts.memory_kib,
+            r.facts.arch.as_str(),
+            r.facts.kubelet_active
+        ),
         (3, 2048, "arm64", true)
     );
     // Raw probe exiting non-zero.
@@ -596,4 +629,34 @@ async fn non_root_user_with_sudo() {
         .await
         .expect("exec");
     assert_eq!((out.exit_status, &out.stdout[..]), (5, &b"0\n"[..]));
+
+    // A timed-out `sudo bash -s` phase: the root processes behind sudo die too.
+    let pidfile = sshd.dir.path().join("sudo-pids");
+    let started = Instant::now();
+    let e = t
+        .exec(
+            &tg,
+            RemoteCommand::new("sudo -n bash -s", secs(2)).with_stdin(
+                format!(
+                    "sleep 300 & echo $! > {p}; echo $$ >> {p}; wait\n",
+                    p = pidfile.display()
+                )
+                .into_bytes(),
+            ),
+        )
+        .await
+        .expect_err("timeout");
+    assert!(matches!(e, TransportError::CommandTimeout { .. }), "{e}");
+    assert!(started.elapsed() < secs(4), "{:?}", started.elapsed());
+    let pids: Vec<u32> = std::fs::read_to_string(&pidfile)
+        .expect("pids")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 2);
+    let deadline = Instant::now() + secs(3);
+    while pids.iter().any(|p| sshd::process_alive(*p)) {
+        assert!(Instant::now() < deadline, "root processes {pids:?} survive");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -7,10 +7,12 @@
 //!   connection.
 //! - Timeouts: TCP dial ([`TransportConfig::dial_timeout`]), SSH handshake + auth
 //!   ([`TransportConfig::handshake_timeout`], catches tarpits that accept and never speak), and
-//!   per command ([`RemoteCommand::timeout`]). On command timeout the remote process group gets
-//!   `SIGKILL` through an SSH `signal` request (OpenSSH `killpg`s the session) and the channel
-//!   is closed. (`ForceCommand` sessions refuse signals; the shim must stop on stdin/stdout
-//!   close.)
+//!   per command ([`RemoteCommand::timeout`]). Commands are prefixed with an exported run marker
+//!   (`KPSSH_RUN=<random>`); on timeout a second channel kills every process session holding a
+//!   marked process or a descendant of one (this reaches `sudo`'s root session too), an SSH
+//!   `signal` KILL is sent (honoured by OpenSSH for non-root sessions) and the channel is
+//!   closed. Verbatim commands (`ForceCommand` shims) get only the signal and the close: the
+//!   shim must stop its child when its stdin/stdout close.
 //! - A command is done at its exit status; output still arriving (e.g. a background child that
 //!   keeps stdout open) is collected for at most [`TransportConfig::exit_grace`], then the
 //!   channel is closed.
@@ -418,12 +420,11 @@ impl RusshTransport {
         bastion: &HostTarget,
     ) -> Result<(Arc<Connection>, Origin), TransportError> {
         let key = load_key(bastion)?;
-        let pin = PinCheck::from_pin(&bastion.pin).map_err(|reason| {
-            TransportError::PinInvalid {
+        let pin =
+            PinCheck::from_pin(&bastion.pin).map_err(|reason| TransportError::PinInvalid {
                 host: bastion.host.clone(),
                 reason,
-            }
-        })?;
+            })?;
         self.pool
             .get_or_dial(&jump_key(bastion), identity(bastion), || {
                 self.dial(bastion, key, pin)
@@ -500,19 +501,41 @@ impl RusshTransport {
             Ok(Ok(c)) => c,
         };
         let (mut read, write) = channel.split();
-        let result = timeout_at(deadline, self.drive(host, &mut read, &write, cmd)).await;
+        let marker = (!cmd.verbatim).then(|| format!("{:016x}", rand::random::<u64>()));
+        let command = match &marker {
+            Some(m) => format!("{RUN_MARKER}={m}; export {RUN_MARKER}; {}", cmd.command),
+            None => cmd.command.clone(),
+        };
+        let result = timeout_at(
+            deadline,
+            self.drive(host, &mut read, &write, &command, &cmd.stdin),
+        )
+        .await;
         match result {
             Ok(r) => {
                 let _ = write.close().await;
                 r.map_err(RunError::Failed)
             }
             Err(_) => {
-                // Kill the remote process group, then close the channel; do not wait for more.
+                // Kill the remote processes (marker kill, then an SSH `signal` request, which
+                // OpenSSH honours only for privilege-separated, i.e. non-root, sessions), close
+                // the channel and wait briefly for the host to acknowledge, so that the
+                // teardown has left this machine before the call returns.
                 let teardown = async {
+                    if let Some(m) = &marker {
+                        kill_marked(conn, m).await;
+                    }
                     let _ = write.signal(Sig::KILL).await;
                     let _ = write.close().await;
+                    while let Some(msg) = read.wait().await {
+                        if matches!(msg, ChannelMsg::Close) {
+                            break;
+                        }
+                    }
                 };
-                let _ = timeout(Duration::from_secs(1), teardown).await;
+                if timeout(TEARDOWN_WAIT, teardown).await.is_err() {
+                    debug!(host, "teardown of a timed-out command did not complete");
+                }
                 Err(RunError::Timeout)
             }
         }
@@ -523,16 +546,17 @@ impl RusshTransport {
         host: &str,
         read: &mut ChannelReadHalf,
         write: &ChannelWriteHalf<Msg>,
-        cmd: &RemoteCommand,
+        command: &str,
+        stdin: &[u8],
     ) -> Result<CommandOutput, TransportError> {
         write
-            .exec(true, cmd.command.as_bytes())
+            .exec(true, command.as_bytes())
             .await
             .map_err(|e| channel_err(host, e))?;
         let feed = async {
-            if !cmd.stdin.is_empty() {
+            if !stdin.is_empty() {
                 // The command may exit without reading its stdin; that is not an error.
-                let _ = write.data(&cmd.stdin[..]).await;
+                let _ = write.data(stdin).await;
             }
             let _ = write.eof().await;
         };
@@ -571,8 +595,8 @@ impl RusshTransport {
                     Some(_) => {}
                 }
             }
-            let status = status
-                .ok_or_else(|| channel_err(host, "channel closed without an exit status"))?;
+            let status =
+                status.ok_or_else(|| channel_err(host, "channel closed without an exit status"))?;
             Ok(CommandOutput {
                 exit_status: status,
                 stdout: out.buf,
@@ -584,6 +608,54 @@ impl RusshTransport {
         let (_, result) = tokio::join!(feed, collect);
         result
     }
+}
+
+/// How long a timed-out command's teardown may take before the call returns anyway.
+const TEARDOWN_WAIT: Duration = Duration::from_millis(1500);
+
+/// Environment variable exported in front of non-verbatim commands; inherited by everything the
+/// command starts (it does not survive `sudo`'s env_reset, which is why whole sessions are
+/// killed below, not just the marked processes).
+const RUN_MARKER: &str = "KPSSH_RUN";
+
+/// Kill a timed-out command: every process session holding a process whose environment carries
+/// `KPSSH_RUN=<marker>` or that descends from one (`sudo` may start the command in a new,
+/// root-owned session), over a fresh channel of the same connection. The sweep runs as root
+/// (directly, or through `sudo -n` for other users, since setuid processes' environments are
+/// unreadable to them), else as the user, which can only reach the user's own processes.
+async fn kill_marked(conn: &Connection, marker: &str) {
+    let script = format!(
+        r#"marked=$(grep -lzx '{RUN_MARKER}={marker}' /proc/[0-9]*/environ 2>/dev/null | sed 's,^/proc/,,;s,/environ$,,' | tr '\n' ' ')
+[ -n "$marked" ] || exit 0
+sids=$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v m="$marked" '
+  BEGIN {{ n = split(m, a, " "); for (i = 1; i <= n; i++) keep[a[i]] = 1 }}
+  {{ s = $0; sub(/^.*\) /, "", s); split(s, f, " "); pp[$1] = f[2]; sid[$1] = f[4] }}
+  END {{
+    changed = 1
+    while (changed) {{ changed = 0; for (p in pp) if (!(p in keep) && (pp[p] in keep)) {{ keep[p] = 1; changed = 1 }} }}
+    for (p in keep) if ((p in sid) && sid[p] > 1) out[sid[p]] = 1
+    for (x in out) print x
+  }}')
+for s in $sids; do pkill -KILL -s "$s" || kill -KILL -- "-$s"; done >/dev/null 2>&1
+exit 0
+"#
+    );
+    let runner = "if [ \"$(id -u)\" != 0 ] && sudo -n true 2>/dev/null; then exec sudo -n sh -s; else exec sh -s; fi";
+    let Ok(channel) = conn.handle.channel_open_session().await else {
+        return;
+    };
+    if channel.exec(true, runner).await.is_err() {
+        return;
+    }
+    let (mut read, write) = channel.split();
+    let _ = write.data(script.as_bytes()).await;
+    let _ = write.eof().await;
+    while let Some(msg) = read.wait().await {
+        if matches!(msg, ChannelMsg::ExitStatus { .. } | ChannelMsg::Close) {
+            break;
+        }
+    }
+    let _ = write.close().await;
 }
 
 enum RunError {
@@ -608,7 +680,7 @@ impl Transport for RusshTransport {
         let cmd = match verified_shim {
             None => RemoteCommand::new("sh -s", self.config.probe_timeout)
                 .with_stdin(PROBE_SCRIPT.as_bytes()),
-            Some(_) => RemoteCommand::new(VERIFIED_PROBE_COMMAND, self.config.probe_timeout),
+            Some(_) => RemoteCommand::verbatim(VERIFIED_PROBE_COMMAND, self.config.probe_timeout),
         };
         let (out, fingerprint) = self.exec_with_fingerprint(target, cmd).await?;
         let probe_err = |source| TransportError::Probe {
@@ -630,7 +702,9 @@ impl Transport for RusshTransport {
         target: &HostTarget,
         cmd: RemoteCommand,
     ) -> Result<CommandOutput, TransportError> {
-        self.exec_with_fingerprint(target, cmd).await.map(|(o, _)| o)
+        self.exec_with_fingerprint(target, cmd)
+            .await
+            .map(|(o, _)| o)
     }
 
     async fn forget(&self, host: &str) {

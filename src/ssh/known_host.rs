@@ -117,9 +117,7 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
     let (mut p, mut n) = (0usize, 0usize);
     let (mut star, mut mark) = (None, 0usize);
     while n < name.len() {
-        if p < pattern.len()
-            && (pattern[p] == b'?' || pattern[p].eq_ignore_ascii_case(&name[n]))
-        {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p].eq_ignore_ascii_case(&name[n])) {
             p += 1;
             n += 1;
         } else if p < pattern.len() && pattern[p] == b'*' {
@@ -278,8 +276,10 @@ mod tests {
     use super::*;
 
     // A throwaway ed25519 public key (generated for these tests; no private half kept).
-    const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIkennrmbTHLh+J7OAxAPml2lNm9pFsFjmyquO4ofwze";
-    const OTHER: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDyTaq7H/OYlAlkGT6NvHgPK5jhRarvPPDXCoKe08vBF";
+    const KEY: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIkennrmbTHLh+J7OAxAPml2lNm9pFsFjmyquO4ofwze";
+    const OTHER: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDyTaq7H/OYlAlkGT6NvHgPK5jhRarvPPDXCoKe08vBF";
 
     fn fp(line: &str) -> String {
         fingerprint(&PublicKey::from_openssh(line).expect("key"))

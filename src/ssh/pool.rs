@@ -80,8 +80,7 @@ impl<C: Pooled> Shared<C> {
             let idle = self.config.idle_timeout;
             inner.entries.retain(|_, e| {
                 let in_use = Arc::strong_count(&e.conn) > 1;
-                let keep =
-                    e.conn.is_open() && (in_use || now.duration_since(e.last_used) < idle);
+                let keep = e.conn.is_open() && (in_use || now.duration_since(e.last_used) < idle);
                 if !keep {
                     closing.push(e.conn.clone());
                 }
@@ -280,7 +279,10 @@ mod tests {
         })
     }
     /// A fake plus a flag that tells whether it is still open, without holding the connection.
-    fn observed() -> (Arc<AtomicBool>, impl FnOnce() -> std::future::Ready<Result<Fake, ()>>) {
+    fn observed() -> (
+        Arc<AtomicBool>,
+        impl FnOnce() -> std::future::Ready<Result<Fake, ()>>,
+    ) {
         let flag = Arc::new(AtomicBool::new(true));
         let f = flag.clone();
         (flag, move || std::future::ready(Ok(Fake { open: f })))
@@ -320,7 +322,10 @@ mod tests {
     async fn idle_connections_are_closed() {
         let p = pool(10, 60);
         let (a, _) = p.get_or_dial("h", 1, || async { fake() }).await.expect("d");
-        let (b, _) = p.get_or_dial("busy", 1, || async { fake() }).await.expect("d");
+        let (b, _) = p
+            .get_or_dial("busy", 1, || async { fake() })
+            .await
+            .expect("d");
         drop(a);
         tokio::time::sleep(Duration::from_secs(61)).await;
         p.sweep();
@@ -337,12 +342,23 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (busy, _) = p.get_or_dial("h2", 1, d2).await.expect("d");
         tokio::time::sleep(Duration::from_secs(1)).await;
-        drop(p.get_or_dial("h3", 1, || async { fake() }).await.expect("d"));
+        drop(
+            p.get_or_dial("h3", 1, || async { fake() })
+                .await
+                .expect("d"),
+        );
         assert_eq!(p.len(), 2);
-        assert!(!h1.load(Ordering::SeqCst), "least recently used idle connection evicted");
+        assert!(
+            !h1.load(Ordering::SeqCst),
+            "least recently used idle connection evicted"
+        );
         assert!(h2.load(Ordering::SeqCst));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        drop(p.get_or_dial("h4", 1, || async { fake() }).await.expect("d"));
+        drop(
+            p.get_or_dial("h4", 1, || async { fake() })
+                .await
+                .expect("d"),
+        );
         assert_eq!(p.len(), 2);
         assert!(busy.is_open(), "in-use connection is never evicted");
     }

@@ -134,8 +134,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const GOOD: &str =
-        "kpssh-probe=1\ncpu=4\nmemory_kib=16318412\narch=x86_64\nkubelet=inactive\n";
+    const GOOD: &str = "kpssh-probe=1\ncpu=4\nmemory_kib=16318412\narch=x86_64\nkubelet=inactive\n";
 
     #[test]
     fn parses_the_contract() {
@@ -191,8 +190,7 @@ mod tests {
     #[test]
     fn excerpt_is_capped() {
         let big = vec![b'x'; 10_000];
-        let ProbeError::Unparsable { excerpt, .. } =
-            parse_probe_output(&big).expect_err("garbage")
+        let ProbeError::Unparsable { excerpt, .. } = parse_probe_output(&big).expect_err("garbage")
         else {
             panic!("wrong variant")
         };

@@ -114,7 +114,7 @@ impl Default for SshdOptions {
     }
 }
 
-/// A running `sshd -D -e -f <config>`; its stderr is the log file.
+/// A running `sshd -D -E <log> -f <config>`.
 pub struct Sshd {
     pub address: String,
     pub port: u16,
@@ -172,10 +172,13 @@ impl Sshd {
         }
         let config_path = dir.path().join("sshd_config");
         std::fs::write(&config_path, config).expect("sshd_config");
-        let log_file = std::fs::File::create(&log).expect("log");
+        let log_file = std::fs::File::create(dir.path().join("sshd.stderr")).expect("stderr");
         let mut cmd = Command::new(SSHD);
+        // `-E` (not `-e`): with `-e` and LogLevel DEBUG1 the session child leaks debug lines
+        // into the command's stderr.
         cmd.arg("-D")
-            .arg("-e")
+            .arg("-E")
+            .arg(&log)
             .arg("-f")
             .arg(&config_path)
             .stdin(Stdio::null())
@@ -238,6 +241,11 @@ impl Sshd {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Keep the log (and print its path) for debugging a failing test.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     /// Lines of the log containing `needle`.
     pub fn log_count(&self, needle: &str) -> usize {
         self.log().lines().filter(|l| l.contains(needle)).count()
@@ -280,7 +288,11 @@ impl Sshd {
             format!("{} {}\n", self.known_hosts_name(), self.host_public_key()),
         )
         .expect("known_hosts");
-        run(Command::new(SSH_KEYGEN).arg("-q").arg("-H").arg("-f").arg(&path));
+        run(Command::new(SSH_KEYGEN)
+            .arg("-q")
+            .arg("-H")
+            .arg("-f")
+            .arg(&path));
         let text = std::fs::read_to_string(&path).expect("read known_hosts");
         let line = text
             .lines()
