@@ -294,12 +294,10 @@ impl Sshd {
             .arg("-f")
             .arg(&path));
         let text = std::fs::read_to_string(&path).expect("read known_hosts");
-        let line = text
-            .lines()
+        text.lines()
             .find(|l| l.starts_with("|1|"))
             .expect("hashed line")
-            .to_string();
-        line
+            .to_string()
     }
 
     pub fn pid(&self) -> u32 {
