@@ -58,7 +58,14 @@ pub struct TransportConfig {
     pub stderr_cap: usize,
     /// After the exit status arrives, how long to wait for remaining output / EOF.
     pub exit_grace: Duration,
+    /// Fleet-wide bound on new SSH connections (shared between transports through the `Arc`);
+    /// reused connections do not count. `None`: unlimited.
+    pub dial_limiter: Option<Arc<DialLimiter>>,
 }
+
+/// Rate limiter for new connections, e.g.
+/// `DialLimiter::direct(governor::Quota::per_second(NonZeroU32::new(50).unwrap()))`.
+pub type DialLimiter = governor::DefaultDirectRateLimiter;
 
 impl Default for TransportConfig {
     fn default() -> Self {
@@ -72,6 +79,7 @@ impl Default for TransportConfig {
             stdout_cap: 1 << 20,
             stderr_cap: 1 << 20,
             exit_grace: Duration::from_millis(500),
+            dial_limiter: None,
         }
     }
 }
@@ -316,6 +324,9 @@ impl RusshTransport {
     {
         Box::pin(async move {
             let host = target.host.as_str();
+            if let Some(limiter) = &self.config.dial_limiter {
+                limiter.until_ready().await;
+            }
             let seen = Arc::new(Mutex::new(None));
             let handler = Client {
                 address: target.address.clone(),
@@ -425,11 +436,24 @@ impl RusshTransport {
                 host: bastion.host.clone(),
                 reason,
             })?;
-        self.pool
-            .get_or_dial(&jump_key(bastion), identity(bastion), || {
-                self.dial(bastion, key, pin)
+        let pool_key = jump_key(bastion);
+        let (conn, origin) = self
+            .pool
+            .get_or_dial(&pool_key, identity(bastion), || {
+                self.dial(bastion, key, pin.clone())
             })
-            .await
+            .await?;
+        if origin == Origin::Reused
+            && let Err(expected) = pin.verify(&bastion.address, bastion.port, &conn.fingerprint)
+        {
+            self.pool.forget_if(&pool_key, &conn);
+            return Err(TransportError::HostKeyMismatch {
+                host: bastion.host.clone(),
+                expected,
+                actual: conn.fingerprint.clone(),
+            });
+        }
+        Ok((conn, origin))
     }
 
     async fn handshake<S>(

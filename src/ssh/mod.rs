@@ -7,7 +7,7 @@ pub mod pool;
 pub mod probe;
 pub mod transport;
 
-pub use client::{RusshTransport, TransportConfig};
+pub use client::{DialLimiter, RusshTransport, TransportConfig};
 pub use probe::{ProbeError, ProbeFacts};
 pub use transport::{
     CommandOutput, HostKeyPin, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
