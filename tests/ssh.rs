@@ -260,6 +260,17 @@ async fn exit_codes_stdin_and_stderr() {
         .await
         .expect("exec");
     assert_eq!(out.stdout, b"done 30000\n");
+    // A command that ignores a large stdin still returns at its exit.
+    let started = Instant::now();
+    let out = t
+        .exec(
+            &tg,
+            RemoteCommand::new("exit 0", secs(20)).with_stdin(vec![b'x'; 10 << 20]),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out.exit_status, 0);
+    assert!(started.elapsed() < secs(5), "{:?}", started.elapsed());
     // Killed by a signal: 128 + n.
     assert_eq!(sh(&t, &tg, "kill -TERM $$").await.exit_status, 128 + 15);
 }
@@ -492,13 +503,13 @@ async fn cap_evicts_lru_and_idle_connections_close() {
 
     // Idle: closed after the idle timeout; the next call dials again.
     let idle = RusshTransport::new(TransportConfig {
-        idle_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_millis(1000),
         ..TransportConfig::default()
     });
     idle.probe(&tc, None).await.expect("c");
     idle.probe(&tc, None).await.expect("c");
     assert_eq!(c.connections(), 2);
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(idle.pooled_connections(), 0);
     idle.probe(&tc, None).await.expect("c");
     assert_eq!(c.connections(), 3);

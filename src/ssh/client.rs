@@ -629,8 +629,15 @@ impl RusshTransport {
                 stderr_dropped: err.dropped,
             })
         };
-        let (_, result) = tokio::join!(feed, collect);
-        result
+        // Stop feeding once the command is done (it may exit without reading all of stdin).
+        tokio::pin!(feed, collect);
+        let mut fed = false;
+        loop {
+            tokio::select! {
+                result = &mut collect => return result,
+                () = &mut feed, if !fed => fed = true,
+            }
+        }
     }
 }
 
