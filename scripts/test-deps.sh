@@ -10,6 +10,7 @@ command -v sudo >/dev/null 2>&1 || need+=(sudo)
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v pkill >/dev/null 2>&1 || need+=(procps)
 command -v ss >/dev/null 2>&1 || need+=(iproute2)
 
 if ((${#need[@]})); then

@@ -16,3 +16,4 @@ pub mod secret;
 pub mod server;
 pub mod sim;
 pub mod ssh;
+pub mod telemetry;

@@ -1,6 +1,8 @@
 //! The `kpssh` command line: one module per subcommand.
 
+pub mod controller;
 pub mod crds;
+pub mod probe;
 pub mod sign;
 
 use clap::{Parser, Subcommand};
@@ -15,8 +17,12 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the controller against a cluster (kubeconfig or in-cluster).
+    Controller(controller::ControllerArgs),
     /// Print kpssh's CustomResourceDefinitions as one multi-document YAML.
     Crds(crds::CrdsArgs),
+    /// Probe one host over SSH and print its facts as JSON.
+    Probe(probe::ProbeArgs),
     /// Sign an SSHJoinProfile's scripts (v1 and v2 signatures) with ssh-keygen.
     Sign(sign::SignArgs),
 }
@@ -24,7 +30,9 @@ pub enum Command {
 /// Runs the parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
+        Command::Controller(args) => controller::run(args).await,
         Command::Crds(args) => crds::run(&args),
+        Command::Probe(args) => probe::run(args).await,
         Command::Sign(args) => sign::run(args),
     }
 }

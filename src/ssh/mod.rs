@@ -1,8 +1,13 @@
-//! SSH: the [`Transport`] port (`transport`) and the probe contract (`probe`).
+//! SSH: the [`Transport`] port (`transport`), its russh implementation with pooled connections
+//! (`client`, `pool`), host-key pins (`known_host`) and the probe contract (`probe`).
 
+pub mod client;
+pub mod known_host;
+pub mod pool;
 pub mod probe;
 pub mod transport;
 
+pub use client::{DialLimiter, RusshTransport, TransportConfig};
 pub use probe::{ProbeError, ProbeFacts};
 pub use transport::{
     CommandOutput, HostKeyPin, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,

@@ -83,8 +83,12 @@ pub struct RemoteCommand {
     /// Bytes written to the command's stdin, followed by EOF.
     pub stdin: Vec<u8>,
     /// Wall-clock bound for the whole call once a connection is available. On expiry the remote
-    /// process group is killed, the channel closed and [`TransportError::CommandTimeout`] returned.
+    /// processes are killed, the channel closed and [`TransportError::CommandTimeout`] returned.
     pub timeout: Duration,
+    /// Send `command` exactly as given (for a `ForceCommand` shim, which parses it). Otherwise
+    /// the real transport prefixes it with an exported run marker so that a timed-out command's
+    /// whole process session can be found and killed.
+    pub verbatim: bool,
 }
 
 impl RemoteCommand {
@@ -93,6 +97,15 @@ impl RemoteCommand {
             command: command.into(),
             stdin: Vec::new(),
             timeout,
+            verbatim: false,
+        }
+    }
+
+    /// A command handed to a `ForceCommand` shim unchanged (see [`RemoteCommand::verbatim`]).
+    pub fn verbatim(command: impl Into<String>, timeout: Duration) -> Self {
+        RemoteCommand {
+            verbatim: true,
+            ..RemoteCommand::new(command, timeout)
         }
     }
 

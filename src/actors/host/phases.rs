@@ -81,11 +81,7 @@ pub fn plan(
         ExecMode::Raw => {
             let plan = raw_plan(&rendered, &host.spec.user)
                 .map_err(|e| PhaseFailure::config(e.to_string()))?;
-            RemoteCommand {
-                command: plan.command.to_string(),
-                stdin: plan.stdin,
-                timeout: rendered.timeout,
-            }
+            RemoteCommand::new(plan.command, rendered.timeout).with_stdin(plan.stdin)
         }
         ExecMode::Verified => super::verified::command(host, profile, &rendered, now)?,
     };

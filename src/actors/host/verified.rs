@@ -47,11 +47,8 @@ pub fn command(
         shim_command: &host.spec.shim_command,
     };
     let run = prepare(&trusted, request, now).map_err(|e| refuse(e.to_string()))?;
-    Ok(RemoteCommand {
-        command: run.command,
-        stdin: run.stdin,
-        timeout: rendered.timeout,
-    })
+    // The shim parses the command line itself: send it unchanged.
+    Ok(RemoteCommand::verbatim(run.command, rendered.timeout).with_stdin(run.stdin))
 }
 
 /// What a shim exit code means, for failure messages.
