@@ -749,3 +749,27 @@ async fn s3_changed_pin_rejects_pooled_connection() {
     assert!(matches!(e, TransportError::HostKeyMismatch { .. }), "{e}");
     assert!(!marker.exists());
 }
+
+// S2: a pooled connection whose host went silent (process stopped) is abandoned and re-dialled.
+#[tokio::test]
+async fn wedged_pooled_connection_is_redialled() {
+    let (sshd, key) = setup();
+    let t = transport();
+    let tg = target(&sshd, &key);
+    let out = sh(&t, &tg, "echo $PPID").await;
+    let conn_pid: i32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("pid");
+    // SAFETY: signalling a process of the sshd this test started.
+    unsafe { libc::kill(conn_pid, libc::SIGSTOP) };
+    let started = Instant::now();
+    let out = t
+        .exec(&tg, RemoteCommand::new("echo again", secs(2)))
+        .await
+        .expect("re-dialled");
+    assert_eq!(out.stdout, b"again\n");
+    assert!(started.elapsed() < secs(6), "{:?}", started.elapsed());
+    assert_eq!(sshd.connections(), 2);
+    unsafe { libc::kill(conn_pid, libc::SIGKILL) };
+}
