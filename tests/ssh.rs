@@ -720,3 +720,56 @@ async fn dial_limiter_bounds_new_connections_only() {
     assert!(elapsed >= Duration::from_millis(900), "{elapsed:?}");
     assert_eq!(sshd.connections(), 4);
 }
+
+// S3: a pin that changes while a connection is pooled is checked against the pooled host key.
+#[tokio::test]
+async fn s3_changed_pin_rejects_pooled_connection() {
+    let (sshd, key) = setup();
+    let t = transport();
+    let tg = target(&sshd, &key);
+    t.probe(&tg, None).await.expect("tofu");
+    let mut repinned = tg.clone();
+    repinned.pin =
+        HostKeyPin::Fingerprint(keygen(sshd.dir.path(), "y", "ed25519", None).fingerprint());
+    let e = t.probe(&repinned, None).await.expect_err("mismatch");
+    assert!(matches!(e, TransportError::HostKeyMismatch { .. }), "{e}");
+    assert_eq!(
+        t.pooled_connections(),
+        0,
+        "the pooled connection was dropped"
+    );
+    let marker = sshd.dir.path().join("ran");
+    let e = t
+        .exec(
+            &repinned,
+            RemoteCommand::new(format!("touch {}", marker.display()), secs(10)),
+        )
+        .await
+        .expect_err("mismatch");
+    assert!(matches!(e, TransportError::HostKeyMismatch { .. }), "{e}");
+    assert!(!marker.exists());
+}
+
+// S2: a pooled connection whose host went silent (process stopped) is abandoned and re-dialled.
+#[tokio::test]
+async fn wedged_pooled_connection_is_redialled() {
+    let (sshd, key) = setup();
+    let t = transport();
+    let tg = target(&sshd, &key);
+    let out = sh(&t, &tg, "echo $PPID").await;
+    let conn_pid: i32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("pid");
+    // SAFETY: signalling a process of the sshd this test started.
+    unsafe { libc::kill(conn_pid, libc::SIGSTOP) };
+    let started = Instant::now();
+    let out = t
+        .exec(&tg, RemoteCommand::new("echo again", secs(2)))
+        .await
+        .expect("re-dialled");
+    assert_eq!(out.stdout, b"again\n");
+    assert!(started.elapsed() < secs(6), "{:?}", started.elapsed());
+    assert_eq!(sshd.connections(), 2);
+    unsafe { libc::kill(conn_pid, libc::SIGKILL) };
+}

@@ -519,8 +519,16 @@ impl RusshTransport {
     ) -> Result<CommandOutput, RunError> {
         let host = target.host.as_str();
         let deadline = Instant::now() + cmd.timeout;
-        let channel = match timeout_at(deadline, conn.handle.channel_open_session()).await {
-            Err(_) => return Err(RunError::Timeout),
+        // A pooled connection to a host that silently went away hangs here: bound the open
+        // separately so that the caller can re-dial (and then see a dial error).
+        let open_bound = cmd.timeout.min(self.config.handshake_timeout);
+        let channel = match timeout(open_bound, conn.handle.channel_open_session()).await {
+            Err(_) => {
+                return Err(RunError::Open(channel_err(
+                    host,
+                    format!("opening a session channel timed out after {open_bound:?}"),
+                )));
+            }
             Ok(Err(e)) => return Err(RunError::Open(channel_err(host, e))),
             Ok(Ok(c)) => c,
         };
@@ -557,10 +565,13 @@ impl RusshTransport {
                         }
                     }
                 };
-                if timeout(TEARDOWN_WAIT, teardown).await.is_err() {
-                    debug!(host, "teardown of a timed-out command did not complete");
+                let acknowledged = timeout(TEARDOWN_WAIT, teardown).await.is_ok();
+                if !acknowledged {
+                    debug!(host, "teardown of a timed-out command was not acknowledged");
                 }
-                Err(RunError::Timeout)
+                Err(RunError::Timeout {
+                    connection_alive: acknowledged,
+                })
             }
         }
     }
@@ -693,7 +704,11 @@ enum RunError {
     /// The channel could not be opened: nothing ran, the call may be retried on a new connection.
     Open(TransportError),
     Failed(TransportError),
-    Timeout,
+    /// The command outlived its timeout; `connection_alive` tells whether the host still
+    /// answered the teardown.
+    Timeout {
+        connection_alive: bool,
+    },
 }
 
 impl Default for RusshTransport {
@@ -772,7 +787,11 @@ impl RusshTransport {
                     }
                     return Err(e);
                 }
-                Err(RunError::Timeout) => {
+                Err(RunError::Timeout { connection_alive }) => {
+                    if !connection_alive {
+                        // The host did not even acknowledge the channel close: do not reuse.
+                        self.pool.forget_if(&target.host, &conn);
+                    }
                     return Err(TransportError::CommandTimeout {
                         host: target.host.clone(),
                         after: cmd.timeout,
