@@ -21,6 +21,13 @@ pub enum ClusterError {
     /// The Eviction API refused (a PodDisruptionBudget does not allow it now): retry later.
     #[error("eviction of pod {key} refused: {message}")]
     TooManyRequests { key: String, message: String },
+    /// RBAC or admission refused the request: a configuration problem, not worth a fast retry.
+    #[error("{kind} {key}: forbidden: {message}")]
+    Forbidden {
+        kind: String,
+        key: String,
+        message: String,
+    },
     /// Timeouts, 5xx, dropped connections: retry with backoff.
     #[error("{kind} {key}: transient API error: {message}")]
     Transient {

@@ -87,6 +87,11 @@ pub fn map_error(kind: &str, key: &str, err: kube::Error) -> ClusterError {
                 key,
                 message: status.message,
             },
+            401 | 403 => ClusterError::Forbidden {
+                kind,
+                key,
+                message: status.message,
+            },
             429 => ClusterError::TooManyRequests {
                 key,
                 message: status.message,
