@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use serde_json::json;
 
 use super::Context;
 use super::host::launch::upsert_condition;
@@ -16,7 +15,7 @@ use super::host::phases::profile_source;
 use super::router::instance_types::{selects, usable};
 use crate::api::nodeclass::reason;
 use crate::api::{NodeClaim, SSHJoinProfile, SSHNodeClass, TERMINATION_FINALIZER};
-use crate::k8s::{Cluster, ClusterError, WatchEvent};
+use crate::k8s::{Cluster, ClusterError, WatchEvent, finalizers};
 use crate::profile::validate_profile;
 use crate::ssh::Transport;
 
@@ -251,7 +250,13 @@ async fn reconcile_class<C: Cluster, T: Transport>(
         return Ok(());
     };
     let referenced = state.claims.values().any(|c| c == name);
-    set_finalizer::<C, SSHNodeClass>(&state.ctx.cluster, &class, referenced).await?;
+    finalizers::set(
+        &state.ctx.cluster,
+        &class,
+        TERMINATION_FINALIZER,
+        referenced,
+    )
+    .await?;
     if class.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
@@ -289,37 +294,13 @@ async fn reconcile_profiles<C: Cluster, T: Transport>(
         .filter_map(|m| m.split('@').next().map(str::to_string))
         .collect();
     for (name, profile) in &state.profiles {
-        set_finalizer::<C, SSHJoinProfile>(&state.ctx.cluster, profile, in_use.contains(name))
-            .await?;
+        finalizers::set(
+            &state.ctx.cluster,
+            profile,
+            TERMINATION_FINALIZER,
+            in_use.contains(name),
+        )
+        .await?;
     }
     Ok(())
-}
-
-async fn set_finalizer<C: Cluster, K: crate::k8s::Object>(
-    cluster: &C,
-    obj: &K,
-    want: bool,
-) -> Result<(), ClusterError> {
-    let fins = obj.meta().finalizers.clone().unwrap_or_default();
-    let has = fins.iter().any(|f| f == TERMINATION_FINALIZER);
-    if has == want {
-        return Ok(());
-    }
-    let next: Vec<String> = if want {
-        fins.into_iter()
-            .chain([TERMINATION_FINALIZER.to_string()])
-            .collect()
-    } else {
-        fins.into_iter()
-            .filter(|f| f != TERMINATION_FINALIZER)
-            .collect()
-    };
-    let name = obj.meta().name.clone().unwrap_or_default();
-    let patch =
-        json!({"metadata": {"finalizers": next, "resourceVersion": obj.meta().resource_version}});
-    match cluster.patch::<K>(None, &name, &patch).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
-        Err(e) => Err(e),
-    }
 }

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod error;
+pub mod finalizers;
 pub mod kube_cluster;
 pub mod memory;
 

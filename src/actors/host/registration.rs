@@ -2,7 +2,6 @@
 //! kubelet in agreement (S9–S12, S26, S27, S21).
 
 use k8s_openapi::api::core::v1::{Node, Secret as KubeSecret};
-use serde_json::json;
 
 use super::phases::{PhaseFailure, leave_context, marker_profile, run_phase};
 use super::probe::write;
@@ -11,7 +10,7 @@ use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::karpenter::TERMINATION_FINALIZER;
 use crate::api::{HostState, NodeClaim};
-use crate::k8s::{Cluster, ClusterError, EventType};
+use crate::k8s::{Cluster, ClusterError, EventType, finalizers};
 use crate::profile::phase::Phase;
 use crate::ssh::Transport;
 
@@ -325,27 +324,7 @@ pub async fn delete_node<C: Cluster, T: Transport>(
     node: &Node,
 ) -> Result<(), ClusterError> {
     let name = node.metadata.name.clone().unwrap_or_default();
-    let has_ours = node
-        .metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|f| f == TERMINATION_FINALIZER));
-    if has_ours {
-        let rest: Vec<String> = node
-            .metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .filter(|f| *f != TERMINATION_FINALIZER)
-            .cloned()
-            .collect();
-        let patch = json!({"metadata": {"finalizers": rest}});
-        match state.ctx.cluster.patch::<Node>(None, &name, &patch).await {
-            Ok(_) => {}
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(e) => return Err(e),
-        }
-    }
+    finalizers::set(&state.ctx.cluster, node, TERMINATION_FINALIZER, false).await?;
     state
         .ctx
         .cluster

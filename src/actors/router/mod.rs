@@ -14,7 +14,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use serde_json::json;
 
 use super::Context;
 use super::events;
@@ -23,7 +22,7 @@ use super::host::launch::set_launched;
 use super::supervisor::SupervisorMsg;
 use crate::api::karpenter::TERMINATION_FINALIZER;
 use crate::api::{ClaimRef, HostState, NodeClaim, SSHHost, SSHJoinProfile, SSHNodeClass};
-use crate::k8s::{Cluster, ClusterError, EventType, WatchEvent};
+use crate::k8s::{Cluster, ClusterError, EventType, WatchEvent, finalizers};
 use crate::ssh::Transport;
 
 /// How many hosts a claim tries before it gives up for this round (lost CASes are not errors).
@@ -246,45 +245,10 @@ async fn terminate<C: Cluster, T: Transport>(
     }
     let cluster = &state.ctx.cluster;
     if let Some(node) = cluster.get::<Node>(None, &name).await? {
-        let rest: Vec<String> = node
-            .metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .filter(|f| *f != TERMINATION_FINALIZER)
-            .cloned()
-            .collect();
-        if rest.len() != node.metadata.finalizers.as_ref().map_or(0, Vec::len) {
-            cluster
-                .patch::<Node>(None, &name, &json!({"metadata": {"finalizers": rest}}))
-                .await?;
-        }
+        finalizers::set(cluster, &node, TERMINATION_FINALIZER, false).await?;
         cluster.delete::<Node>(None, &name, None).await?;
     }
-    remove_finalizer(cluster, nc).await
-}
-
-async fn remove_finalizer<C: Cluster>(cluster: &C, nc: &NodeClaim) -> Result<(), ClusterError> {
-    let name = nc.metadata.name.clone().unwrap_or_default();
-    let rest: Vec<String> = nc
-        .metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .filter(|f| *f != TERMINATION_FINALIZER)
-        .cloned()
-        .collect();
-    if rest.len() == nc.metadata.finalizers.as_ref().map_or(0, Vec::len) {
-        return Ok(());
-    }
-    match cluster
-        .patch::<NodeClaim>(None, &name, &json!({"metadata": {"finalizers": rest}}))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
-    }
+    finalizers::set(cluster, nc, TERMINATION_FINALIZER, false).await
 }
 
 /// Choose a host and claim it with a CAS carrying the NodeClaim's name and UID (S13, S15).
@@ -313,7 +277,7 @@ async fn claim_host<C: Cluster, T: Transport>(
     if candidates.is_empty() {
         return insufficient(state, nc, "no Available host of any fitting class").await;
     }
-    ensure_finalizer(&cluster, nc).await?;
+    finalizers::set(&cluster, nc, TERMINATION_FINALIZER, true).await?;
     for name in candidates.iter().take(CLAIM_ATTEMPTS) {
         let Some(host) = state.ctx.hosts.get(name) else {
             continue;
@@ -365,24 +329,6 @@ async fn cas_claim<C: Cluster, T: Transport>(
     .await
 }
 
-async fn ensure_finalizer<C: Cluster>(cluster: &C, nc: &NodeClaim) -> Result<(), ClusterError> {
-    let has = nc
-        .metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|f| f == TERMINATION_FINALIZER));
-    if has {
-        return Ok(());
-    }
-    let mut fins = nc.metadata.finalizers.clone().unwrap_or_default();
-    fins.push(TERMINATION_FINALIZER.to_string());
-    let name = nc.metadata.name.clone().unwrap_or_default();
-    cluster
-        .patch::<NodeClaim>(None, &name, &json!({"metadata": {"finalizers": fins}}))
-        .await
-        .map(|_| ())
-}
-
 /// S19: nothing fits. No claim is written; the NodeClaim says why and is deleted so that
 /// provisioning can try again (Karpenter's insufficient-capacity semantics).
 async fn insufficient<C: Cluster, T: Transport>(
@@ -412,7 +358,7 @@ async fn insufficient<C: Cluster, T: Transport>(
     let name = nc.metadata.name.clone().unwrap_or_default();
     cluster.delete::<NodeClaim>(None, &name, None).await?;
     if let Some(current) = cluster.get::<NodeClaim>(None, &name).await? {
-        remove_finalizer(&cluster, &current).await?;
+        finalizers::set(&cluster, &current, TERMINATION_FINALIZER, false).await?;
     }
     Ok(())
 }
