@@ -64,6 +64,8 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     pub failures: u32,
     /// This actor, for timers it sets itself.
     pub myself: ActorRef<HostMsg>,
+    /// The transport target, so that a steady probe does not read the key Secret every time.
+    pub target: Option<target::CachedTarget>,
 }
 
 impl<C: Cluster, T: Transport> HostActorState<C, T> {
@@ -84,6 +86,28 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
             self.host = host.clone();
             self.ctx.hosts.upsert(host);
         }
+    }
+
+    /// The transport target: cached for `probe_refresh`, rebuilt at once when the spec or the
+    /// pinned fingerprint changed (key rotation is picked up within that period).
+    pub async fn target(&mut self) -> Result<crate::ssh::HostTarget, target::TargetError> {
+        let ns = self.ctx.pool_ns().to_string();
+        let refresh = self.ctx.config.probe_refresh;
+        if let Some(t) = self
+            .target
+            .as_ref()
+            .filter(|t| t.valid_for(&self.host, refresh))
+        {
+            return Ok(t.target.clone());
+        }
+        let built = target::host_target(&self.ctx.cluster, &ns, &self.host).await?;
+        self.target = Some(target::CachedTarget::new(&self.host, built.clone()));
+        Ok(built)
+    }
+
+    /// Forget the cached target (e.g. after an authentication failure).
+    pub fn forget_target(&mut self) {
+        self.target = None;
     }
 
     /// Re-read the host after a lost CAS.
@@ -136,6 +160,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             probe_timer: None,
             failures: 0,
             myself,
+            target: None,
         })
     }
 

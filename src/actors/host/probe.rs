@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ractor::ActorRef;
 
-use super::{HostActorState, HostMsg, registration, target};
+use super::{HostActorState, HostMsg, registration};
 use crate::actors::events;
 use crate::actors::status::{ProbeStamp, write_status};
 use crate::api::{ExecMode, HostState, SSHHost, SSHHostStatus};
@@ -76,8 +76,7 @@ async fn probe_once<C: Cluster, T: Transport>(
         }
         _ => {}
     }
-    let ns = state.ctx.pool_ns().to_string();
-    let target = match target::host_target(&state.ctx.cluster, &ns, &state.host).await {
+    let target = match state.target().await {
         Ok(t) => t,
         Err(e) => return record_failure(state, e.to_string()).await,
     };
@@ -108,7 +107,11 @@ async fn probe_once<C: Cluster, T: Transport>(
     };
     match result {
         Ok(report) => record_success(state, &report).await,
-        Err(message) => record_failure(state, message).await,
+        Err(message) => {
+            // The key or pin may have changed in the Secret: read it again next time.
+            state.forget_target();
+            record_failure(state, message).await
+        }
     }
 }
 

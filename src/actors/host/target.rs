@@ -109,3 +109,35 @@ async fn read_key<C: Cluster>(
         })?;
     Ok((Secret::new(key), field(KNOWN_HOST)))
 }
+
+/// A target and what it was built from.
+#[derive(Clone)]
+pub struct CachedTarget {
+    pub target: HostTarget,
+    generation: Option<i64>,
+    fingerprint: Option<String>,
+    built: tokio::time::Instant,
+}
+
+impl CachedTarget {
+    pub fn new(host: &SSHHost, target: HostTarget) -> Self {
+        CachedTarget {
+            target,
+            generation: host.metadata.generation,
+            fingerprint: fingerprint(host),
+            built: tokio::time::Instant::now(),
+        }
+    }
+
+    pub fn valid_for(&self, host: &SSHHost, max_age: std::time::Duration) -> bool {
+        self.generation == host.metadata.generation
+            && self.fingerprint == fingerprint(host)
+            && self.built.elapsed() < max_age
+    }
+}
+
+fn fingerprint(host: &SSHHost) -> Option<String> {
+    host.status
+        .as_ref()
+        .and_then(|s| s.host_key_fingerprint.clone())
+}
