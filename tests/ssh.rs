@@ -676,18 +676,25 @@ async fn non_root_user_with_sudo() {
 #[tokio::test]
 async fn cli_probe_prints_json_or_fails_with_1() {
     use kpssh::cli::probe::{ProbeArgs, run};
+    use kpssh::cli::target::TargetArgs;
     let (sshd, key) = setup();
-    let args = ProbeArgs {
+    let target = TargetArgs {
         address: sshd.address.clone(),
         port: sshd.port,
         user: "root".into(),
         key: key.private_path.clone(),
         known_host: Some(sshd.fingerprint()),
+    };
+    let args = ProbeArgs {
+        target: target.clone(),
         verified: false,
     };
     assert_eq!(run(args.clone()).await.expect("run"), 0);
     let wrong = ProbeArgs {
-        known_host: Some(sshd::keygen(sshd.dir.path(), "x", "ed25519", None).fingerprint()),
+        target: TargetArgs {
+            known_host: Some(sshd::keygen(sshd.dir.path(), "x", "ed25519", None).fingerprint()),
+            ..target
+        },
         ..args
     };
     assert_eq!(run(wrong).await.expect("run"), 1);

@@ -2,8 +2,10 @@
 
 pub mod controller;
 pub mod crds;
+pub mod phase;
 pub mod probe;
 pub mod sign;
+pub mod target;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +23,8 @@ pub enum Command {
     Controller(controller::ControllerArgs),
     /// Print kpssh's CustomResourceDefinitions as one multi-document YAML.
     Crds(crds::CrdsArgs),
+    /// Render one phase of a profile and run it on one host; exits with the script's status.
+    Phase(Box<phase::PhaseArgs>),
     /// Probe one host over SSH and print its facts as JSON.
     Probe(probe::ProbeArgs),
     /// Sign an SSHJoinProfile's scripts (v1 and v2 signatures) with ssh-keygen.
@@ -32,6 +36,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Controller(args) => controller::run(args).await,
         Command::Crds(args) => crds::run(&args),
+        Command::Phase(args) => phase::run(*args).await,
         Command::Probe(args) => probe::run(args).await,
         Command::Sign(args) => sign::run(args),
     }

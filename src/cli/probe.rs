@@ -3,29 +3,12 @@
 //! Prints `{"cpu":…,"memoryKiB":…,"arch":…,"kubeletActive":…,"fingerprint":…}` and exits 0, or
 //! prints the error (which names the host and never contains key material) and exits 1.
 
-use std::path::PathBuf;
-
-use anyhow::Context as _;
-
-use crate::secret::Secret;
-use crate::ssh::{HostKeyPin, HostTarget, RusshTransport, Transport, TransportConfig};
+use crate::ssh::{RusshTransport, Transport, TransportConfig};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProbeArgs {
-    /// Host name or IP to dial.
-    #[arg(long)]
-    pub address: String,
-    #[arg(long, default_value_t = 22)]
-    pub port: u16,
-    #[arg(long, default_value = "root")]
-    pub user: String,
-    /// File holding the (unencrypted) OpenSSH or PEM private key.
-    #[arg(long)]
-    pub key: PathBuf,
-    /// Pin the host key: `SHA256:…` fingerprint, known_hosts line or public-key line.
-    /// Without it the key is trusted on first use and its fingerprint printed.
-    #[arg(long = "known-host")]
-    pub known_host: Option<String>,
+    #[command(flatten)]
+    pub target: super::target::TargetArgs,
     /// Probe a Verified host through its shim (sends the command `probe`).
     #[arg(long)]
     pub verified: bool,
@@ -43,17 +26,7 @@ struct Output<'a> {
 }
 
 pub async fn run(args: ProbeArgs) -> anyhow::Result<i32> {
-    let key = std::fs::read_to_string(&args.key)
-        .with_context(|| format!("cannot read key file {}", args.key.display()))?;
-    let target = HostTarget {
-        host: format!("{}:{}", args.address, args.port),
-        address: args.address.clone(),
-        port: args.port,
-        user: args.user.clone(),
-        key: Secret::new(key),
-        pin: HostKeyPin::from_sources(args.known_host.as_deref(), None),
-        jump: None,
-    };
+    let target = args.target.target()?;
     let transport = RusshTransport::new(TransportConfig::default());
     let shim = args.verified.then_some("kpssh-shim");
     match transport.probe(&target, shim).await {

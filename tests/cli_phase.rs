@@ -1,0 +1,102 @@
+//! `kpssh phase` against a real sshd: renders the profile, runs the phase, prints its output
+//! with secrets redacted and exits with the script's status.
+
+#[path = "support/sshd.rs"]
+mod sshd;
+
+use std::process::Command;
+
+#[test]
+fn phase_runs_a_profile_script_on_a_real_host() {
+    let sshd = sshd::Sshd::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = sshd::keygen(dir.path(), "client", "ed25519", None);
+    sshd.authorize(&key.public);
+    let profile = dir.path().join("profile.yaml");
+    std::fs::write(
+        &profile,
+        r#"apiVersion: karpenter.dklesev.github.io/v1beta1
+kind: SSHJoinProfile
+metadata:
+  name: manual
+spec:
+  version: "3"
+  scripts:
+    install: "true"
+    join: |
+      echo "node=$KPSSH_NODE_NAME var=$KPSSH_VAR_region token=$KPSSH_BOOTSTRAP_TOKEN"
+      echo "secret={{ .Secrets.apikey }}" >&2
+      exit 7
+    leave: "echo left from $KPSSH_HOST_ADDRESS"
+"#,
+    )
+    .expect("profile");
+    let run = |phase: &str, extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kpssh"));
+        cmd.args(["phase", "--profile"])
+            .arg(&profile)
+            .args([
+                "--phase",
+                phase,
+                "--address",
+                &sshd.address,
+                "--port",
+                &sshd.port.to_string(),
+                "--key",
+            ])
+            .arg(&key.private_path)
+            .args(["--known-host", &sshd.fingerprint()])
+            .args(extra);
+        cmd.output().expect("kpssh runs")
+    };
+    let join = run(
+        "join",
+        &[
+            "--var",
+            "region=eu-1",
+            "--secret",
+            "apikey=supersecretvalue",
+            "--token",
+            "abcdef.0123456789abcdef",
+            "--cluster-endpoint",
+            "https://api:6443",
+            "--node-name",
+            "n1",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&join.stdout);
+    let stderr = String::from_utf8_lossy(&join.stderr);
+    assert_eq!(
+        join.status.code(),
+        Some(7),
+        "exit status of the script; stderr: {stderr}"
+    );
+    assert!(
+        stdout.contains("node=n1 var=eu-1 token=<redacted>"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("secret=<redacted>"), "{stderr}");
+    assert!(!stdout.contains("0123456789abcdef") && !stderr.contains("supersecretvalue"));
+    let leave = run("leave", &[]);
+    assert_eq!(
+        leave.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&leave.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&leave.stdout).trim(),
+        format!("left from {}", sshd.address)
+    );
+    let bad = run("join", &[]);
+    assert_eq!(
+        bad.status.code(),
+        Some(1),
+        "no endpoint is a configuration error"
+    );
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("spec.cluster"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
