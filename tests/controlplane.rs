@@ -602,9 +602,11 @@ fn killed_test_binary_leaves_no_process() {
         ])
         .env(HELPER_ENV, "1")
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawning helper");
     let stdout = child.stdout.take().expect("helper stdout");
+    let mut stderr = child.stderr.take().expect("helper stderr");
     let line = std::io::BufReader::new(stdout)
         .lines()
         .map(|l| l.expect("helper output"))
@@ -612,8 +614,12 @@ fn killed_test_binary_leaves_no_process() {
         .find_map(|l| {
             l.split_once("KPSSH_HELPER ")
                 .map(|(_, rest)| rest.to_string())
-        })
-        .expect("helper reports its control plane");
+        });
+    let Some(line) = line else {
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut err);
+        panic!("helper did not report its control plane; its stderr:\n{err}");
+    };
     let mut fields = line.split_whitespace();
     let root = fields.next().expect("temp dir").to_string();
     let pids: Vec<u32> = fields.map(|p| p.parse().expect("pid")).collect();
