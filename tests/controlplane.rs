@@ -551,7 +551,7 @@ async fn owned_control_plane_schedules_and_tears_down() {
 
     let pids = cp.pids();
     assert_eq!(pids.len(), 3, "{pids:?}");
-    let root = cp.pki().dir().parent().expect("temp root").to_path_buf();
+    let root = cp.temp_dir().to_path_buf();
     drop(client);
     drop(cp);
     for (name, pid) in pids {
