@@ -575,13 +575,7 @@ fn pdeathsig_helper() {
     }
     let cp = ControlPlane::start();
     let pids: Vec<String> = cp.pids().iter().map(|(_, p)| p.to_string()).collect();
-    let root = cp
-        .pki()
-        .dir()
-        .parent()
-        .expect("temp root")
-        .display()
-        .to_string();
+    let root = cp.temp_dir().display().to_string();
     println!("KPSSH_HELPER {root} {}", pids.join(" "));
     std::thread::sleep(Duration::from_secs(600));
 }
