@@ -62,7 +62,7 @@ mkdir -p "$cache"
 # Several test binaries may ask at once: one builds, the others wait.
 exec 9>"$cache/.lock"
 if command -v flock >/dev/null 2>&1; then
-  log "waiting for the build lock $cache/.lock"
+  log "taking the build lock $cache/.lock"
   flock 9
 fi
 if has_all "$out"; then

@@ -551,7 +551,7 @@ async fn owned_control_plane_schedules_and_tears_down() {
 
     let pids = cp.pids();
     assert_eq!(pids.len(), 3, "{pids:?}");
-    let root = cp.pki().dir().parent().expect("temp root").to_path_buf();
+    let root = cp.temp_dir().to_path_buf();
     drop(client);
     drop(cp);
     for (name, pid) in pids {
@@ -561,4 +561,83 @@ async fn owned_control_plane_schedules_and_tears_down() {
         );
     }
     assert!(!root.exists(), "{} not removed", root.display());
+}
+
+const HELPER_ENV: &str = "KPSSH_CONTROLPLANE_PDEATHSIG_HELPER";
+
+/// Run by `killed_test_binary_leaves_no_process` in a child copy of this test binary: starts a
+/// control plane, reports its pids and temp dir, then waits to be killed.
+#[test]
+#[ignore = "helper process for killed_test_binary_leaves_no_process"]
+fn pdeathsig_helper() {
+    if std::env::var_os(HELPER_ENV).is_none() {
+        return;
+    }
+    let cp = ControlPlane::start();
+    let pids: Vec<String> = cp.pids().iter().map(|(_, p)| p.to_string()).collect();
+    let root = cp.temp_dir().display().to_string();
+    println!("KPSSH_HELPER {root} {}", pids.join(" "));
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+/// SIGKILL of a test binary (no Drop, no atexit) still takes its control plane down, through
+/// PR_SET_PDEATHSIG.
+#[test]
+fn killed_test_binary_leaves_no_process() {
+    use std::io::BufRead as _;
+    let exe = std::env::current_exe().expect("current test binary");
+    let mut child = std::process::Command::new(exe)
+        .args([
+            "--ignored",
+            "--exact",
+            "pdeathsig_helper",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HELPER_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning helper");
+    let stdout = child.stdout.take().expect("helper stdout");
+    let mut stderr = child.stderr.take().expect("helper stderr");
+    let line = std::io::BufReader::new(stdout)
+        .lines()
+        .map(|l| l.expect("helper output"))
+        // libtest prints "test pdeathsig_helper ... " on the same line first.
+        .find_map(|l| {
+            l.split_once("KPSSH_HELPER ")
+                .map(|(_, rest)| rest.to_string())
+        });
+    let Some(line) = line else {
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut err);
+        panic!("helper did not report its control plane; its stderr:\n{err}");
+    };
+    let mut fields = line.split_whitespace();
+    let root = fields.next().expect("temp dir").to_string();
+    let pids: Vec<u32> = fields.map(|p| p.parse().expect("pid")).collect();
+    assert_eq!(pids.len(), 2, "etcd and kube-apiserver: {line}");
+
+    child.kill().expect("SIGKILL helper");
+    child.wait().expect("reap helper");
+    let alive = |pid: u32| {
+        // Gone, or a zombie waiting for a reaper that is not us.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                let state = s.rsplit(')').next().unwrap_or("").trim_start();
+                !state.starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| alive(*p)) {
+        assert!(
+            Instant::now() < deadline,
+            "processes {pids:?} outlived their killed test binary"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Without Drop nobody removes the temp dir; do it here.
+    let _ = std::fs::remove_dir_all(&root);
 }

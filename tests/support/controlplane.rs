@@ -250,6 +250,12 @@ impl ControlPlane {
         &self.pki
     }
 
+    /// The temporary directory holding PKI, kubeconfig, etcd data and component logs; removed
+    /// on teardown.
+    pub fn temp_dir(&self) -> &Path {
+        &self.root
+    }
+
     /// The directory holding the control-plane binaries.
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
