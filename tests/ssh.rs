@@ -717,7 +717,10 @@ async fn dial_limiter_bounds_new_connections_only() {
     for _ in 0..5 {
         t.probe(&tg, None).await.expect("reused");
     }
-    assert!(started.elapsed() < secs(2), "reuse is not rate limited");
+    // Reuse opens no connection, so it never waits for the limiter (at 2/s, four waits would
+    // take 2 s); the bound is loose because probes themselves slow down on a loaded machine.
+    assert_eq!(sshd.connections(), 1, "reuse dials nothing");
+    assert!(started.elapsed() < secs(10), "reuse is not rate limited");
     let started = Instant::now();
     for _ in 0..3 {
         t.forget(&tg.host).await;

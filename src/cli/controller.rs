@@ -61,9 +61,13 @@ impl Status for ControllerStatus {
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     crate::telemetry::init();
-    let client = kube::Client::try_default()
+    let mut kube_config = kube::Config::infer()
         .await
         .map_err(|e| anyhow::anyhow!("no cluster: {e} (set KUBECONFIG or run in-cluster)"))?;
+    // The controller retries with its own backoff; kube's built-in retry would hold a refused
+    // eviction (429) or an unavailable server for minutes inside one call.
+    kube_config.default_retry = false;
+    let client = kube::Client::try_from(kube_config)?;
     let config = Config {
         pool_namespace: args.pool_namespace.clone(),
         probe_interval: args.probe_interval,
