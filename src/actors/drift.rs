@@ -59,3 +59,69 @@ pub fn drift(
     let hash = ann.get(NODECLASS_HASH_ANNOTATION)?;
     (hash != &nodeclass_hash(class)).then_some(Drift::NodeClass)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::host::SecretRef;
+    use crate::sim::world::{node_claim, node_class};
+    use std::collections::BTreeMap;
+
+    fn stamped(class: &SSHNodeClassSpec) -> NodeClaim {
+        let mut nc = node_claim("nc", "pool", "1", "1Gi");
+        nc.metadata.annotations = Some(BTreeMap::from([
+            (NODECLASS_HASH_ANNOTATION.to_string(), nodeclass_hash(class)),
+            (
+                NODECLASS_HASH_VERSION_ANNOTATION.to_string(),
+                NODECLASS_HASH_VERSION.to_string(),
+            ),
+        ]));
+        nc
+    }
+
+    #[test]
+    fn s30_profile_and_nodeclass_drift() {
+        let class = node_class("pool", "p").spec;
+        let nc = stamped(&class);
+        assert_eq!(drift(&nc, &class, Some("p@1"), "p@1"), None);
+        assert_eq!(drift(&nc, &class, Some("p@1"), "p@2"), Some(Drift::Profile));
+        let mut vars = class.clone();
+        vars.vars = Some(BTreeMap::from([("k".to_string(), "v".to_string())]));
+        assert_eq!(
+            drift(&nc, &vars, Some("p@1"), "p@1"),
+            Some(Drift::NodeClass)
+        );
+        let mut secret = class.clone();
+        secret.join_secret_ref = Some(SecretRef {
+            name: "activation".into(),
+        });
+        assert_eq!(
+            drift(&nc, &secret, Some("p@1"), "p@1"),
+            Some(Drift::NodeClass)
+        );
+    }
+
+    #[test]
+    fn s30_price_selector_reserved_maxpods_gates_never_drift() {
+        let class = node_class("pool", "p").spec;
+        let nc = stamped(&class);
+        let mut other = class.clone();
+        other.price_per_cpu_hour = "9.99".into();
+        other.max_pods = 12;
+        other.kube_reserved.clear();
+        other.host_selector = Some(Default::default());
+        other.startup_taint_gates = Some(vec![]);
+        assert_eq!(drift(&nc, &other, Some("p@1"), "p@1"), None);
+        let mut old_version = nc.clone();
+        if let Some(a) = old_version.metadata.annotations.as_mut() {
+            a.insert(NODECLASS_HASH_VERSION_ANNOTATION.into(), "v0".into());
+        }
+        let mut vars = class.clone();
+        vars.vars = Some(BTreeMap::from([("k".to_string(), "v".to_string())]));
+        assert_eq!(
+            drift(&old_version, &vars, Some("p@1"), "p@1"),
+            None,
+            "another hash version is not compared"
+        );
+    }
+}

@@ -182,3 +182,107 @@ fn summarise(
         usable: hosts.len(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{HostState, MAINTENANCE_ANNOTATION, SSHHostStatus};
+    use crate::sim::SimHost;
+    use crate::sim::world::{host_object, node_class};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn probed(
+        name: &str,
+        class: &str,
+        cpu: u32,
+        mem_kib: u64,
+        arch: &str,
+        state: HostState,
+    ) -> SSHHost {
+        let mut h = host_object("pool", name, class, &SimHost::new("10.0.0.1", cpu, mem_kib));
+        h.status = Some(SSHHostStatus {
+            state,
+            observed_arch: Some(arch.into()),
+            observed_capacity: Some(BTreeMap::from([
+                ("cpu".into(), Quantity(cpu.to_string())),
+                ("memory".into(), Quantity(format!("{mem_kib}Ki"))),
+            ])),
+            ..Default::default()
+        });
+        h
+    }
+
+    #[test]
+    fn s28_one_type_per_class_min_capacity_price_and_offering() {
+        let class = node_class("pool", "p");
+        let hosts = vec![
+            probed("a", "small", 4, 8_000_000, "amd64", HostState::Available),
+            probed("b", "small", 2, 16_000_000, "amd64", HostState::InUse),
+            probed("c", "big", 16, 64_000_000, "amd64", HostState::InUse),
+        ];
+        let types = instance_types(&class, &hosts, false).expect("types");
+        let small = types.iter().find(|t| t.name == "small").expect("small");
+        assert_eq!(small.capacity["cpu"], 2000, "minimum cpu over the class");
+        assert_eq!(
+            small.capacity["memory"],
+            8_000_000 * 1024 * 1000,
+            "minimum memory"
+        );
+        assert!(
+            (small.price - 2.0 * 0.02).abs() < 1e-9,
+            "vCPUs × pricePerCPUHour"
+        );
+        assert!(small.available(), "a claimable host exists");
+        let big = types.iter().find(|t| t.name == "big").expect("big");
+        assert!(!big.available(), "no claimable host: no offering");
+        assert_eq!(big.labels()["node.kubernetes.io/instance-type"], "big");
+        assert_eq!(big.labels()["topology.kubernetes.io/zone"], "pool");
+        assert_eq!(big.labels()["karpenter.sh/capacity-type"], "on-demand");
+    }
+
+    #[test]
+    fn s28_maintenance_is_not_claimable() {
+        let class = node_class("pool", "p");
+        let mut h = probed("a", "small", 4, 8_000_000, "amd64", HostState::Available);
+        h.metadata.annotations = Some(BTreeMap::from([(
+            MAINTENANCE_ANNOTATION.to_string(),
+            String::new(),
+        )]));
+        let types = instance_types(&class, &[h], false).expect("types");
+        assert!(!types[0].available());
+    }
+
+    #[test]
+    fn s29_unprobed_zero_and_mixed_arch_classes_are_not_offered() {
+        let class = node_class("pool", "p");
+        let mut unprobed = probed("u", "fresh", 4, 8_000_000, "amd64", HostState::Pending);
+        unprobed.status = None;
+        let zero = probed("z", "zero", 0, 8_000_000, "amd64", HostState::Available);
+        let mixed = vec![
+            probed("m1", "mixed", 4, 8_000_000, "amd64", HostState::Available),
+            probed("m2", "mixed", 4, 8_000_000, "arm64", HostState::Available),
+        ];
+        let mut all = vec![unprobed, zero];
+        all.extend(mixed.clone());
+        let names: Vec<String> = instance_types(&class, &all, false)
+            .expect("types")
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
+        let split: Vec<String> = instance_types(&class, &mixed, true)
+            .expect("types")
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(split, ["mixed-amd64", "mixed-arm64"]);
+    }
+
+    #[test]
+    fn s29_bad_price_is_an_error_on_the_class() {
+        let mut class = node_class("pool", "p");
+        class.spec.price_per_cpu_hour = "cheap".into();
+        let err = instance_types(&class, &[], false).expect_err("bad price");
+        assert!(err.to_string().contains("SSHNodeClass pool"), "{err}");
+    }
+}
