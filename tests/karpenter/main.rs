@@ -176,3 +176,28 @@ pub fn reasons(e: &Env) -> Vec<String> {
         .map(|ev| ev.reason)
         .collect()
 }
+
+pub async fn wait_available(e: &Env, n: usize) {
+    let ok =
+        e.w.until(10 * MINUTE, || async {
+            host_states(e)
+                .await
+                .get(&HostState::Available)
+                .copied()
+                .unwrap_or(0)
+                >= n
+        })
+        .await;
+    assert!(ok, "{n} hosts Available: {:?}", host_states(e).await);
+}
+
+/// Mark a NodeClaim for voluntary disruption, as the disruption controller does.
+pub async fn mark(e: &Env, name: &str) {
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        kpssh::karpenter::DISRUPTION_ANNOTATION: "Test"
+    }}});
+    e.w.cluster
+        .patch::<NodeClaim>(None, name, &patch)
+        .await
+        .expect("mark");
+}
