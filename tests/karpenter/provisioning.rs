@@ -173,3 +173,73 @@ async fn s36_limits_and_claimable_hosts_cap_the_number_of_claims() {
         Some(3)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn s36_daemonset_overhead_and_hostname_anti_affinity() {
+    use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+    use k8s_openapi::api::core::v1::{PodAntiAffinity, PodTemplateSpec};
+    let e = env().await;
+    hosts(&e, "s", "small", 3, 2, 4, 44).await;
+    hosts(&e, "b", "big", 3, 8, 16, 45).await;
+    // A daemonset taking 1 cpu on every node: a 1-cpu pod no longer fits a small host.
+    let ds_pod = pod("ds", "1", "64Mi");
+    let ds = DaemonSet {
+        metadata: kube::api::ObjectMeta {
+            name: Some("agent".into()),
+            namespace: Some("kube-system".into()),
+            ..Default::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector::default(),
+            template: PodTemplateSpec {
+                metadata: None,
+                spec: ds_pod.spec.clone(),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    };
+    e.w.cluster.create(&ds).await.expect("ds");
+    e.w.cluster.create(&nodepool("default")).await.expect("np");
+    // Two 1-cpu pods that must not share a node.
+    for i in 0..2 {
+        let mut p = pod(&format!("spread{i}"), "1", "256Mi");
+        p.spec.as_mut().expect("spec").affinity = Some(Affinity {
+            pod_anti_affinity: Some(PodAntiAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                    label_selector: Some(LabelSelector {
+                        match_labels: Some([("app".to_string(), "web".to_string())].into()),
+                        ..Default::default()
+                    }),
+                    topology_key: "kubernetes.io/hostname".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        e.w.cluster.create(&p).await.expect("pod");
+    }
+    let ok =
+        e.w.until(3 * MINUTE, || async { claims(&e).await.len() == 2 })
+            .await;
+    assert!(ok, "one claim per anti-affine pod");
+    tokio::time::sleep(MINUTE).await;
+    let cs = claims(&e).await;
+    assert_eq!(cs.len(), 2);
+    for nc in &cs {
+        let ty = nc
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(INSTANCE_TYPE_LABEL))
+            .cloned();
+        assert_eq!(
+            ty.as_deref(),
+            Some("big"),
+            "daemonset overhead rules out small"
+        );
+        let cpu = nc.spec.resources.requests.get("cpu").map(|q| q.0.clone());
+        assert_eq!(cpu.as_deref(), Some("2"), "pod + daemonset requests");
+    }
+}
