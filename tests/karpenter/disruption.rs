@@ -146,28 +146,39 @@ async fn s38_underutilized_node_whose_pods_fit_elsewhere_is_consolidated() {
     let e = env().await;
     hosts(&e, "h", "big", 2, 8, 16, 72).await;
     e.w.cluster.create(&consolidating("1m")).await.expect("np");
-    e.w.cluster
-        .create(&pod("a", "5", "256Mi"))
-        .await
-        .expect("pod");
-    e.w.cluster
-        .create(&replicated("b", "5"))
-        .await
-        .expect("pod");
+    for name in ["a", "b"] {
+        e.w.cluster
+            .create(&pod(name, "5", "256Mi"))
+            .await
+            .expect("pod");
+    }
     assert!(
         e.w.until(3 * MINUTE, || async { running(&e).await == 2 })
             .await
     );
     assert_eq!(claims(&e).await.len(), 2);
-    e.w.cluster
-        .delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), "a", None)
-        .await
-        .expect("del");
-    // Demand for "a" is gone and a small pod arrives: two half-empty nodes.
+    // A small pod lands next to one of them; then that neighbour goes away, leaving a node
+    // that runs only the small pod, which fits on the other node.
     e.w.cluster
         .create(&replicated("c", "1"))
         .await
         .expect("pod");
+    assert!(e.w.until(MINUTE, || async { running(&e).await == 3 }).await);
+    let all = pods(&e).await;
+    let node_of = |n: &str| {
+        all.iter()
+            .find(|p| p.metadata.name.as_deref() == Some(n))
+            .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+    };
+    let neighbour = if node_of("a") == node_of("c") {
+        "a"
+    } else {
+        "b"
+    };
+    e.w.cluster
+        .delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), neighbour, None)
+        .await
+        .expect("del");
     let ok =
         e.w.until(10 * MINUTE, || async {
             claims(&e).await.len() == 1 && running(&e).await == 2
@@ -179,7 +190,13 @@ async fn s38_underutilized_node_whose_pods_fit_elsewhere_is_consolidated() {
         claims(&e).await.len(),
         running(&e).await
     );
-    assert!(reasons(&e).iter().any(|r| r == "DisruptionTerminating"));
+    assert!(
+        e.w.cluster
+            .events()
+            .iter()
+            .any(|ev| ev.reason == "DisruptionTerminating" && ev.message.contains("Underutilized")),
+        "consolidated as under-utilised"
+    );
     assert_eq!(host_states(&e).await.get(&HostState::Available), Some(&1));
 }
 
