@@ -100,11 +100,15 @@ impl Drop for KarpenterHandles {
     }
 }
 
-/// Start the layer with default settings.
+/// Start the layer with default settings (registration timeout from the actor config).
 pub async fn spawn<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
 ) -> Result<KarpenterHandles, KarpenterError> {
-    spawn_with(ctx, KarpenterConfig::default()).await
+    let config = KarpenterConfig {
+        registration_timeout: ctx.config.registration_timeout,
+        ..KarpenterConfig::default()
+    };
+    spawn_with(ctx, config).await
 }
 
 /// Start cluster state, provisioning, lifecycle, termination and disruption.

@@ -169,7 +169,12 @@ impl<C: Cluster, T: Transport> Terminator<C, T> {
             .termination_grace_period
             .as_deref()
             .and_then(parse_duration);
-        let expired = grace.is_some_and(|g| started.elapsed() >= g);
+        // The grace period runs from the deletion (restart-proof), or from the mark.
+        let draining_for = match &nc.metadata.deletion_timestamp {
+            Some(t) => self.ctx.clock.since(t.0),
+            None => started.elapsed(),
+        };
+        let expired = grace.is_some_and(|g| draining_for >= g);
         for p in &victims {
             let pns = p.metadata.namespace.clone().unwrap_or_default();
             let pname = p.metadata.name.clone().unwrap_or_default();
