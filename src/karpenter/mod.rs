@@ -1,3 +1,138 @@
-//! The parts of Karpenter core that kpssh provides itself (DESIGN §2, "karpenter layer").
+//! The parts of Karpenter core that kpssh provides itself (DESIGN §2, "karpenter layer"):
+//! cluster state, provisioning, NodeClaim lifecycle, termination, disruption and repair, for
+//! `karpenter.sh/v1` NodePools whose nodeClassRef is an SSHNodeClass (and only those, S31).
+//!
+//! [`spawn`] starts every controller of the layer next to the actor core. Each controller is a
+//! tokio task that reads [`state::ClusterState`] and writes through the `Cluster` port.
 
+pub mod budgets;
+pub mod disruption;
+pub mod lifecycle;
+pub mod pods;
+pub mod provisioning;
 pub mod quantity;
+pub mod scheduling;
+pub mod sim_scheduler;
+pub mod state;
+pub mod termination;
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::actors::Context;
+use crate::actors::router::instance_types::InstanceTypeError;
+use crate::k8s::{Cluster, ClusterError};
+use crate::ssh::Transport;
+
+/// Annotation the termination controller sets on a NodeClaim once its Node is drained: the
+/// router's Release (leave) should wait for it (see docs/concepts.md).
+pub const DRAINED_ANNOTATION: &str = "karpenter.dklesev.github.io/drained";
+/// Annotation naming why a NodeClaim is being voluntarily disrupted (set before the drain).
+pub const DISRUPTION_ANNOTATION: &str = "karpenter.dklesev.github.io/disruption-reason";
+
+/// Errors of the karpenter layer.
+#[derive(Debug, thiserror::Error)]
+pub enum KarpenterError {
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    InstanceType(#[from] InstanceTypeError),
+    #[error("NodePool {pool}: {message}")]
+    NodePool { pool: String, message: String },
+}
+
+/// Settings of the layer; defaults follow upstream Karpenter.
+#[derive(Debug, Clone)]
+pub struct KarpenterConfig {
+    /// A batch of pending pods closes after this long without a new one…
+    pub batch_idle: Duration,
+    /// …or after this long in total.
+    pub batch_max: Duration,
+    /// Provisioning looks again this often while pods stay pending.
+    pub provision_retry: Duration,
+    /// Lifecycle and termination reconcile period.
+    pub reconcile_interval: Duration,
+    /// A NodeClaim whose Node has not registered after this long is deleted (S37).
+    pub registration_timeout: Duration,
+    /// A Node NotReady/Unknown this long has its NodeClaim deleted (repair, S39).
+    pub repair_after: Duration,
+    /// Disruption evaluation period.
+    pub disruption_interval: Duration,
+    /// First retry after an eviction refused by a PDB; doubles up to `eviction_backoff_max`.
+    pub eviction_backoff: Duration,
+    pub eviction_backoff_max: Duration,
+}
+
+impl Default for KarpenterConfig {
+    fn default() -> Self {
+        KarpenterConfig {
+            batch_idle: Duration::from_secs(1),
+            batch_max: Duration::from_secs(10),
+            provision_retry: Duration::from_secs(10),
+            reconcile_interval: Duration::from_secs(1),
+            registration_timeout: Duration::from_secs(15 * 60),
+            repair_after: Duration::from_secs(10 * 60),
+            disruption_interval: Duration::from_secs(10),
+            eviction_backoff: Duration::from_secs(1),
+            eviction_backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The running layer. Dropping it stops every task.
+pub struct KarpenterHandles {
+    pub state: state::ClusterState,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl KarpenterHandles {
+    pub fn stop(&mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for KarpenterHandles {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Start the layer with default settings (registration timeout from the actor config).
+pub async fn spawn<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+) -> Result<KarpenterHandles, KarpenterError> {
+    let config = KarpenterConfig {
+        registration_timeout: ctx.config.registration_timeout,
+        ..KarpenterConfig::default()
+    };
+    spawn_with(ctx, config).await
+}
+
+/// Start cluster state, provisioning, lifecycle, termination and disruption.
+pub async fn spawn_with<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    config: KarpenterConfig,
+) -> Result<KarpenterHandles, KarpenterError> {
+    let state = state::ClusterState::new(ctx.clock.clone());
+    let mut tasks = state.start(&ctx.cluster);
+    // Wait for the first list of every kind so no controller acts on a partial view.
+    while !state.read().synced() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tasks.push(provisioning::spawn(
+        ctx.clone(),
+        state.clone(),
+        config.clone(),
+    ));
+    tasks.push(lifecycle::spawn(ctx.clone(), state.clone(), config.clone()));
+    tasks.push(termination::spawn(
+        ctx.clone(),
+        state.clone(),
+        config.clone(),
+    ));
+    tasks.push(disruption::spawn(ctx.clone(), state.clone(), config));
+    Ok(KarpenterHandles { state, tasks })
+}

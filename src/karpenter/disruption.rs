@@ -1,0 +1,440 @@
+//! Disruption (S38, S39) and repair: emptiness and under-utilisation consolidation after
+//! `consolidateAfter`, drift (ProfileDrift, NodeClassDrift, NodePool template hash) and
+//! `expireAfter`, each within the NodePool's budgets and never for nodes or pods annotated
+//! `karpenter.sh/do-not-disrupt`; repair (Node Ready False/Unknown for 10 minutes) is forceful.
+//!
+//! A decision is validated again against the API just before it is executed, then carried out
+//! by marking the NodeClaim (annotation + disrupted taint): the termination controller drains
+//! it and deletes it.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::task::JoinHandle;
+
+use super::lifecycle::{condition_true, node_ready};
+use super::scheduling::{PodInfo, SimNode, place_all, sort_pods};
+use super::state::{ClusterState, Inner};
+use super::termination::{is_marked, parse_duration, taint_node};
+use super::{DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets, pods, quantity};
+use crate::actors::Context;
+use crate::actors::drift::drift;
+use crate::actors::events;
+use crate::api::karpenter::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
+use crate::api::{NodeClaim, NodePool, SSHJoinProfile, SSHNodeClass};
+use crate::k8s::{Cluster, EventType};
+use crate::ssh::Transport;
+
+pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
+
+/// Hash of a NodePool's template (what a NodeClaim was made from).
+pub fn nodepool_hash(pool: &NodePool) -> String {
+    let text = serde_json::to_string(&pool.spec.template).unwrap_or_default();
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    Expired,
+    Drifted,
+    Empty,
+    Underutilized,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Expired => "Expired",
+            Reason::Drifted => "Drifted",
+            Reason::Empty => "Empty",
+            Reason::Underutilized => "Underutilized",
+        }
+    }
+}
+
+pub fn spawn<C: Cluster, T: Transport>(
+    ctx: Context<C, T>,
+    state: ClusterState,
+    cfg: KarpenterConfig,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(cfg.disruption_interval).await;
+            if let Err(e) = run_once(&ctx, &state, &cfg).await {
+                tracing::warn!(error = %e, "disruption round failed");
+            }
+        }
+    })
+}
+
+fn annotated(meta: &kube::api::ObjectMeta, key: &str) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .is_some_and(|v| v == "true")
+}
+
+fn initialized_at(nc: &NodeClaim) -> Option<Timestamp> {
+    nc.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Initialized" && c.status == "True")
+        .map(|c| c.last_transition_time.0)
+}
+
+/// Nodes other pods could move to: Ready, schedulable, not being disrupted, not `skip`.
+fn other_nodes(st: &Inner, skip: &str) -> Vec<SimNode> {
+    let mut out = vec![];
+    for node in st.nodes.values() {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        if name == skip || node.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if node_ready(node).is_none_or(|c| c.status != "True")
+            || node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        {
+            continue;
+        }
+        let claim = st.claim_of_node(node);
+        if claim.is_some_and(|c| c.metadata.deletion_timestamp.is_some() || is_marked(c)) {
+            continue;
+        }
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        if taints.iter().any(|t| t.key == DISRUPTED_TAINT_KEY) {
+            continue;
+        }
+        let parse =
+            |m: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+                m.iter()
+                    .filter_map(|(k, v)| quantity::parse(v).map(|q| (k.clone(), q)))
+                    .collect::<BTreeMap<_, _>>()
+            };
+        let mut alloc = node
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .map(parse)
+            .unwrap_or_default();
+        if alloc.is_empty() {
+            alloc = claim
+                .and_then(|c| c.status.as_ref())
+                .map(|s| parse(&s.allocatable))
+                .unwrap_or_default();
+        }
+        alloc.entry("pods".into()).or_insert(110_000);
+        let mut sim = SimNode {
+            name: name.clone(),
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            taints,
+            allocatable: alloc,
+            ..Default::default()
+        };
+        for p in st.pods_on(&name).filter(|p| pods::counts_on_node(p)) {
+            sim.add(&PodInfo::new(p));
+        }
+        out.push(sim);
+    }
+    out
+}
+
+/// Every pod that would have to move from `node` fits on the other nodes.
+pub fn fits_elsewhere(st: &Inner, node: &str) -> bool {
+    let mut moving: Vec<PodInfo> = st
+        .pods_on(node)
+        .filter(|p| pods::is_reschedulable(p))
+        .map(PodInfo::new)
+        .collect();
+    sort_pods(&mut moving);
+    let mut others = other_nodes(st, node);
+    place_all(&moving, &mut others).is_empty()
+}
+
+struct Candidate {
+    claim: NodeClaim,
+    node: Node,
+    reason: Reason,
+    pods: usize,
+}
+
+/// One evaluation of every NodePool of ours.
+#[tracing::instrument(skip_all)]
+pub async fn run_once<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    cfg: &KarpenterConfig,
+) -> Result<Vec<(String, Reason)>, KarpenterError> {
+    let now = ctx.clock.now();
+    repair(ctx, state, cfg).await?;
+    let pools: Vec<NodePool> = state.read().nodepools.values().cloned().collect();
+    let mut done = vec![];
+    for pool in pools {
+        done.extend(disrupt_pool(ctx, state, &pool, now).await?);
+    }
+    Ok(done)
+}
+
+async fn repair<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    cfg: &KarpenterConfig,
+) -> Result<(), KarpenterError> {
+    let unhealthy: Vec<NodeClaim> = {
+        let st = state.read();
+        st.nodeclaims
+            .values()
+            .filter(|nc| nc.metadata.deletion_timestamp.is_none())
+            .filter(|nc| {
+                st.node_of(nc).and_then(node_ready).is_some_and(|c| {
+                    c.status != "True"
+                        && c.last_transition_time
+                            .as_ref()
+                            .is_some_and(|t| ctx.clock.since(t.0) >= cfg.repair_after)
+                })
+            })
+            .cloned()
+            .collect()
+    };
+    for nc in unhealthy {
+        let name = nc.metadata.name.clone().unwrap_or_default();
+        let msg = format!(
+            "Node not Ready for {:?}; deleting NodeClaim",
+            cfg.repair_after
+        );
+        events::record(&ctx.cluster, &nc, EventType::Warning, "Repair", msg).await;
+        ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
+    }
+    Ok(())
+}
+
+async fn disrupt_pool<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    pool: &NodePool,
+    now: Timestamp,
+) -> Result<Vec<(String, Reason)>, KarpenterError> {
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    let class_name = &pool.spec.template.spec.node_class_ref.name;
+    let class = ctx.cluster.get::<SSHNodeClass>(None, class_name).await?;
+    let marker = match &class {
+        Some(c) => ctx
+            .cluster
+            .get::<SSHJoinProfile>(None, &c.spec.join_profile_ref.name)
+            .await?
+            .map(|p| p.marker()),
+        None => None,
+    };
+    let policy = pool
+        .spec
+        .disruption
+        .consolidation_policy
+        .clone()
+        .unwrap_or_else(|| "WhenEmptyOrUnderutilized".into());
+    let consolidate_after = match pool.spec.disruption.consolidate_after.as_deref() {
+        Some("Never") => None,
+        Some(s) => Some(parse_duration(s).unwrap_or_default()),
+        None => Some(std::time::Duration::ZERO),
+    };
+    let hash = nodepool_hash(pool);
+    let (total, mut disrupting, mut candidates) = {
+        let st = state.read();
+        let mine: Vec<&NodeClaim> = st
+            .nodeclaims
+            .values()
+            .filter(|nc| nc.nodepool() == Some(pool_name.as_str()))
+            .collect();
+        let total = mine
+            .iter()
+            .filter(|nc| nc.metadata.deletion_timestamp.is_none())
+            .count();
+        let disrupting = mine
+            .iter()
+            .filter(|nc| nc.metadata.deletion_timestamp.is_some() || is_marked(nc))
+            .count() as i64;
+        let mut cands = vec![];
+        for nc in mine {
+            if nc.metadata.deletion_timestamp.is_some()
+                || is_marked(nc)
+                || !condition_true(nc, "Initialized")
+                || annotated(&nc.metadata, DO_NOT_DISRUPT_ANNOTATION)
+            {
+                continue;
+            }
+            let Some(node) = st.node_of(nc) else { continue };
+            let node_name = node.metadata.name.clone().unwrap_or_default();
+            if annotated(&node.metadata, DO_NOT_DISRUPT_ANNOTATION)
+                || st
+                    .pods_on(&node_name)
+                    .any(|p| pods::counts_on_node(p) && pods::do_not_disrupt(p))
+            {
+                continue;
+            }
+            let moving = st
+                .pods_on(&node_name)
+                .filter(|p| pods::is_reschedulable(p))
+                .count();
+            let age = nc
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(std::time::Duration::ZERO, |t| ctx.clock.since(t.0));
+            let expired = nc
+                .spec
+                .expire_after
+                .as_deref()
+                .and_then(parse_duration)
+                .is_some_and(|e| age >= e);
+            let host_marker = nc
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|u| ctx.hosts.holder(u))
+                .and_then(|h| ctx.hosts.get(&h))
+                .and_then(|h| h.status.and_then(|s| s.installed_profile));
+            let class_drift = match (&class, &marker) {
+                (Some(c), Some(m)) => drift(nc, &c.spec, host_marker.as_deref(), m).is_some(),
+                _ => false,
+            };
+            let pool_drift = nc
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(NODEPOOL_HASH_ANNOTATION))
+                .is_some_and(|h| *h != hash);
+            let quiet_since = [st.pod_events.get(&node_name).copied(), initialized_at(nc)]
+                .into_iter()
+                .flatten()
+                .max();
+            let quiet = match (consolidate_after, quiet_since) {
+                (Some(after), Some(t)) => ctx.clock.since(t) >= after,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            let reason = if expired {
+                Some(Reason::Expired)
+            } else if class_drift || pool_drift {
+                Some(Reason::Drifted)
+            } else if quiet && moving == 0 {
+                Some(Reason::Empty)
+            } else if quiet && policy == "WhenEmptyOrUnderutilized" {
+                Some(Reason::Underutilized)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                cands.push(Candidate {
+                    claim: nc.clone(),
+                    node: node.clone(),
+                    reason,
+                    pods: moving,
+                });
+            }
+        }
+        (total, disrupting, cands)
+    };
+    candidates.sort_by(|a, b| {
+        a.reason
+            .cmp(&b.reason)
+            .then_with(|| a.pods.cmp(&b.pods))
+            .then_with(|| a.claim.metadata.name.cmp(&b.claim.metadata.name))
+    });
+    let mut done = vec![];
+    let mut underutilized_done = false;
+    for c in candidates {
+        let budget_reason = match c.reason {
+            Reason::Expired | Reason::Drifted => "Drifted",
+            Reason::Empty => "Empty",
+            Reason::Underutilized => "Underutilized",
+        };
+        let allowed = budgets::allowed(pool, budget_reason, total, now);
+        if disrupting >= allowed {
+            continue;
+        }
+        let node_name = c.node.metadata.name.clone().unwrap_or_default();
+        if c.reason == Reason::Underutilized {
+            // One consolidation move per round; its pods must all fit on the other nodes.
+            if underutilized_done || !fits_elsewhere(&state.read(), &node_name) {
+                continue;
+            }
+        }
+        if !validate(ctx, state, &c).await? {
+            continue;
+        }
+        let name = c.claim.metadata.name.clone().unwrap_or_default();
+        let patch = json!({"metadata": {
+            "resourceVersion": c.claim.metadata.resource_version,
+            "annotations": {DISRUPTION_ANNOTATION: c.reason.as_str()},
+        }});
+        match ctx.cluster.patch::<NodeClaim>(None, &name, &patch).await {
+            Ok(nc) => state.observe_claim(nc),
+            Err(e) if e.is_conflict() || e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        }
+        taint_node(&ctx.cluster, &c.node).await?;
+        let msg = format!("disrupting NodeClaim {name} ({})", c.reason.as_str());
+        events::record(
+            &ctx.cluster,
+            &c.claim,
+            EventType::Normal,
+            "DisruptionTerminating",
+            msg,
+        )
+        .await;
+        disrupting += 1;
+        if c.reason == Reason::Underutilized {
+            underutilized_done = true;
+        }
+        done.push((name, c.reason));
+    }
+    Ok(done)
+}
+
+/// Re-read the NodeClaim and its Node: still ours to disrupt, still no do-not-disrupt, and an
+/// empty node still empty.
+async fn validate<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    c: &Candidate,
+) -> Result<bool, KarpenterError> {
+    let name = c.claim.metadata.name.clone().unwrap_or_default();
+    let Some(fresh) = ctx.cluster.get::<NodeClaim>(None, &name).await? else {
+        return Ok(false);
+    };
+    if fresh.metadata.uid != c.claim.metadata.uid
+        || fresh.metadata.deletion_timestamp.is_some()
+        || is_marked(&fresh)
+        || annotated(&fresh.metadata, DO_NOT_DISRUPT_ANNOTATION)
+    {
+        return Ok(false);
+    }
+    let node_name = c.node.metadata.name.clone().unwrap_or_default();
+    let Some(node) = ctx.cluster.get::<Node>(None, &node_name).await? else {
+        return Ok(false);
+    };
+    if annotated(&node.metadata, DO_NOT_DISRUPT_ANNOTATION) {
+        return Ok(false);
+    }
+    let st = state.read();
+    let blocking = st
+        .pods_on(&node_name)
+        .any(|p| pods::counts_on_node(p) && pods::do_not_disrupt(p));
+    let moving = st
+        .pods_on(&node_name)
+        .filter(|p| pods::is_reschedulable(p))
+        .count();
+    if blocking || (c.reason == Reason::Empty && moving > 0) {
+        return Ok(false);
+    }
+    Ok(true)
+}

@@ -1,0 +1,222 @@
+//! NodeClaim lifecycle (S37): Registered when a Node with the NodeClaim's provider ID exists
+//! (labels, taints, owner reference and finalizer synced onto it, `karpenter.sh/unregistered`
+//! removed, `karpenter.sh/registered` set); Initialized when that Node is Ready and the startup
+//! taints are gone; a NodeClaim not registered within the registration timeout is deleted.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::state::ClusterState;
+use super::{KarpenterConfig, KarpenterError};
+use crate::actors::Context;
+use crate::actors::events;
+use crate::actors::host::launch::upsert_condition;
+use crate::api::NodeClaim;
+use crate::api::karpenter::{
+    INITIALIZED_LABEL, REGISTERED_LABEL, TERMINATION_FINALIZER, UNREGISTERED_TAINT_KEY,
+};
+use crate::k8s::{Cluster, EventType};
+use crate::ssh::Transport;
+
+pub fn spawn<C: Cluster, T: Transport>(
+    ctx: Context<C, T>,
+    state: ClusterState,
+    cfg: KarpenterConfig,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(cfg.reconcile_interval).await;
+            let claims: Vec<NodeClaim> = state.read().nodeclaims.values().cloned().collect();
+            for nc in claims {
+                if let Err(e) = reconcile(&ctx, &state, &cfg, &nc).await {
+                    tracing::debug!(nodeclaim = ?nc.metadata.name, error = %e, "lifecycle retry");
+                }
+            }
+        }
+    })
+}
+
+pub fn condition_true(nc: &NodeClaim, type_: &str) -> bool {
+    nc.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == "True")
+    })
+}
+
+pub fn node_ready(node: &Node) -> Option<&k8s_openapi::api::core::v1::NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
+fn taints(node: &Node) -> Vec<Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+}
+
+/// One NodeClaim.
+#[tracing::instrument(skip_all, fields(nodeclaim = ?nc.metadata.name))]
+pub async fn reconcile<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    cfg: &KarpenterConfig,
+    nc: &NodeClaim,
+) -> Result<(), KarpenterError> {
+    if nc.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let name = nc.metadata.name.clone().unwrap_or_default();
+    let node = state.read().node_of(nc).cloned();
+    let Some(node) = node else {
+        let registered = condition_true(nc, "Registered");
+        let created = nc.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        if !registered && created.is_some_and(|t| ctx.clock.since(t) >= cfg.registration_timeout) {
+            let msg = format!(
+                "no Node registered within {:?}; deleting the NodeClaim",
+                cfg.registration_timeout
+            );
+            events::record(
+                &ctx.cluster,
+                nc,
+                EventType::Warning,
+                "RegistrationTimeout",
+                msg,
+            )
+            .await;
+            ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
+        }
+        return Ok(());
+    };
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    let node_labels = node.metadata.labels.clone().unwrap_or_default();
+    let current = taints(&node);
+    let unregistered = current.iter().any(|t| t.key == UNREGISTERED_TAINT_KEY);
+    if unregistered || !node_labels.contains_key(REGISTERED_LABEL) {
+        // Registration: sync once, as Karpenter does (later Node edits are the user's).
+        let mut labels: BTreeMap<String, String> = nc.metadata.labels.clone().unwrap_or_default();
+        labels.insert(REGISTERED_LABEL.into(), "true".into());
+        let mut new_taints: Vec<Taint> = current
+            .iter()
+            .filter(|t| t.key != UNREGISTERED_TAINT_KEY)
+            .cloned()
+            .collect();
+        if !node_labels.contains_key(REGISTERED_LABEL) {
+            for t in nc.spec.taints.iter().chain(nc.spec.startup_taints.iter()) {
+                if !new_taints
+                    .iter()
+                    .any(|x| x.key == t.key && x.effect == t.effect)
+                {
+                    new_taints.push(t.clone());
+                }
+            }
+        }
+        let mut owners = node.metadata.owner_references.clone().unwrap_or_default();
+        if !owners.iter().any(|o| o.kind == "NodeClaim") {
+            owners.push(OwnerReference {
+                api_version: "karpenter.sh/v1".into(),
+                kind: "NodeClaim".into(),
+                name: name.clone(),
+                uid: nc.metadata.uid.clone().unwrap_or_default(),
+                block_owner_deletion: Some(true),
+                controller: None,
+            });
+        }
+        let mut fins = node.metadata.finalizers.clone().unwrap_or_default();
+        if !fins.iter().any(|f| f == TERMINATION_FINALIZER) {
+            fins.push(TERMINATION_FINALIZER.into());
+        }
+        let patch = json!({
+            "metadata": {
+                "labels": labels,
+                "ownerReferences": owners,
+                "finalizers": fins,
+                "resourceVersion": node.metadata.resource_version,
+            },
+            "spec": {"taints": new_taints},
+        });
+        ctx.cluster.patch::<Node>(None, &node_name, &patch).await?;
+        return Ok(());
+    }
+    let startup_left: Vec<&str> = nc
+        .spec
+        .startup_taints
+        .iter()
+        .filter(|s| {
+            current
+                .iter()
+                .any(|t| t.key == s.key && t.effect == s.effect)
+        })
+        .map(|s| s.key.as_str())
+        .collect();
+    let ready = node_ready(&node).is_some_and(|c| c.status == "True");
+    let initialized = ready && startup_left.is_empty();
+    if initialized && !node_labels.contains_key(INITIALIZED_LABEL) {
+        let patch = json!({"metadata": {"labels": {INITIALIZED_LABEL: "true"}}});
+        ctx.cluster.patch::<Node>(None, &node_name, &patch).await?;
+    }
+    let mut updated = nc.clone();
+    let status = updated.status.get_or_insert_with(Default::default);
+    status.node_name = Some(node_name.clone());
+    upsert_condition(
+        &mut status.conditions,
+        "Registered",
+        true,
+        "Registered",
+        "",
+        &ctx.clock,
+    );
+    let (reason, msg) = if initialized {
+        ("Initialized", String::new())
+    } else if !ready {
+        ("NodeNotReady", format!("Node {node_name} is not Ready"))
+    } else {
+        (
+            "StartupTaintsExist",
+            format!(
+                "startup taints {} still on the Node",
+                startup_left.join(",")
+            ),
+        )
+    };
+    upsert_condition(
+        &mut status.conditions,
+        "Initialized",
+        initialized,
+        reason,
+        &msg,
+        &ctx.clock,
+    );
+    let launched = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Launched" && c.status == "True");
+    let all = launched && initialized;
+    let (r, m) = if all {
+        ("Ready", String::new())
+    } else {
+        (
+            "NotReady",
+            "not launched, registered and initialized yet".to_string(),
+        )
+    };
+    upsert_condition(&mut status.conditions, "Ready", all, r, &m, &ctx.clock);
+    if updated.status != nc.status {
+        let written = ctx.cluster.replace_status(&updated).await?;
+        state.observe_claim(written);
+        if initialized && !condition_true(nc, "Initialized") {
+            let msg = format!("Node {node_name} initialized");
+            events::record(&ctx.cluster, nc, EventType::Normal, "Initialized", msg).await;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,403 @@
+//! Provisioning (S36): batches of unschedulable pending pods become NodeClaims, bin-packed onto
+//! the cheapest fitting host classes of the NodePools that can take them.
+
+pub mod batch;
+pub mod pack;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::ObjectMeta;
+use rand::Rng;
+use tokio::task::JoinHandle;
+
+use super::scheduling::PodInfo;
+use super::state::{ClusterState, Inner};
+use super::{KarpenterConfig, KarpenterError, quantity};
+use crate::actors::Context;
+use crate::actors::router::instance_types::{InstanceType, instance_types};
+use crate::api::karpenter::{
+    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, NodeClaimSpec, NodeSelectorRequirement, ResourceRequests,
+};
+use crate::api::{NodeClaim, NodePool, SSHNodeClass};
+use crate::k8s::{Cluster, EventRecord, EventType, ObjectRef};
+use crate::ssh::Transport;
+
+pub use pack::{Bin, NewClaim, PoolOffer};
+
+/// What one provisioning round did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ProvisionReport {
+    pub pending: usize,
+    /// Pods that fit on NodeClaims already in flight (or their nodes).
+    pub absorbed: usize,
+    pub created: Vec<String>,
+    /// Pods left pending, with why.
+    pub unplaced: Vec<((String, String), String)>,
+}
+
+pub fn spawn<C: Cluster, T: Transport>(
+    ctx: Context<C, T>,
+    state: ClusterState,
+    cfg: KarpenterConfig,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut p = Provisioner::new(ctx, state, cfg);
+        p.run().await;
+    })
+}
+
+pub struct Provisioner<C: Cluster, T: Transport> {
+    ctx: Context<C, T>,
+    state: ClusterState,
+    cfg: KarpenterConfig,
+    /// Events already sent, by pod UID and reason (one event per pod and reason).
+    told: BTreeSet<(String, String)>,
+}
+
+const POLL: Duration = Duration::from_millis(100);
+
+impl<C: Cluster, T: Transport> Provisioner<C, T> {
+    pub fn new(ctx: Context<C, T>, state: ClusterState, cfg: KarpenterConfig) -> Self {
+        Provisioner {
+            ctx,
+            state,
+            cfg,
+            told: BTreeSet::new(),
+        }
+    }
+
+    async fn run(&mut self) {
+        let mut seen = 0u64;
+        let mut last = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(POLL).await;
+            let seq = self.state.pending_seq();
+            let retry_due = last.elapsed() >= self.cfg.provision_retry;
+            if seq == seen && !retry_due {
+                continue;
+            }
+            if seq != seen {
+                batch::wait(&self.state, &self.cfg, POLL).await;
+            }
+            seen = self.state.pending_seq();
+            last = tokio::time::Instant::now();
+            if let Err(e) = self.provision_once().await {
+                tracing::warn!(error = %e, "provisioning round failed; will retry");
+            }
+        }
+    }
+
+    /// One round over every provisionable pod.
+    #[tracing::instrument(skip_all)]
+    pub async fn provision_once(&mut self) -> Result<ProvisionReport, KarpenterError> {
+        let (mut pods, pools, claims) = {
+            let st = self.state.read();
+            let pods: Vec<PodInfo> = st
+                .pods
+                .values()
+                .filter(|p| super::pods::is_provisionable(p))
+                .map(PodInfo::new)
+                .collect();
+            let pools: Vec<NodePool> = st
+                .nodepools
+                .values()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .cloned()
+                .collect();
+            (pods, pools, st.nodeclaims.clone())
+        };
+        let mut report = ProvisionReport {
+            pending: pods.len(),
+            ..Default::default()
+        };
+        if pods.is_empty() {
+            return Ok(report);
+        }
+        super::scheduling::sort_pods(&mut pods);
+        // Unsupported constraints: never ignored silently.
+        let mut supported = vec![];
+        for p in pods {
+            match &p.unsupported {
+                Some(why) => {
+                    let msg = format!("not provisioned: unsupported constraint ({why})");
+                    self.tell(&p, "UnsupportedConstraint", &msg).await;
+                    report.unplaced.push((p.key(), msg));
+                }
+                None => supported.push(p),
+            }
+        }
+        let offers = self.offers(&pools).await?;
+        let types: BTreeMap<String, InstanceType> = offers
+            .iter()
+            .flat_map(|o| o.types.iter().map(|t| (t.name.clone(), t.clone())))
+            .collect();
+        // In-flight claims (and their nodes) absorb pods first.
+        let mut inflight = {
+            let st = self.state.read();
+            pack::inflight_nodes(&st, &types, &offers)
+        };
+        let left = super::scheduling::place_all(&supported, &mut inflight);
+        report.absorbed = supported.len() - left.len();
+        let left: Vec<PodInfo> = left.into_iter().cloned().collect();
+        let budgets = self.class_budgets(&claims, &types);
+        let usage = pack::pool_usage(&claims, &types);
+        let outcome = pack::pack(&left, &offers, budgets, usage);
+        for (pod, why) in &outcome.unplaced {
+            self.tell(pod, "FailedProvisioning", why).await;
+            report.unplaced.push((pod.key(), why.clone()));
+        }
+        for claim in outcome.claims {
+            let pool = pools
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(claim.pool.as_str()));
+            let Some(pool) = pool else { continue };
+            let created = self.create_claim(pool, &claim).await?;
+            report.created.push(created);
+        }
+        if !report.created.is_empty() {
+            tracing::info!(
+                created = report.created.len(),
+                absorbed = report.absorbed,
+                pending = report.pending,
+                "provisioned"
+            );
+        }
+        Ok(report)
+    }
+
+    async fn tell(&mut self, pod: &PodInfo, reason: &str, msg: &str) {
+        if !self.told.insert((pod.uid.clone(), reason.to_string())) {
+            return;
+        }
+        self.ctx
+            .cluster
+            .record_event(EventRecord {
+                regarding: ObjectRef {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    namespace: Some(pod.namespace.clone()),
+                    name: pod.name.clone(),
+                    uid: Some(pod.uid.clone()),
+                },
+                type_: EventType::Warning,
+                reason: reason.into(),
+                message: msg.into(),
+            })
+            .await;
+    }
+
+    /// For each NodePool (by weight, then name) the instance types of its node class.
+    async fn offers(&self, pools: &[NodePool]) -> Result<Vec<PoolOffer>, KarpenterError> {
+        let hosts = self.ctx.hosts.snapshot();
+        let mut classes: BTreeMap<String, Option<SSHNodeClass>> = BTreeMap::new();
+        let daemonsets = {
+            let st = self.state.read();
+            st.daemonsets.values().cloned().collect::<Vec<_>>()
+        };
+        let mut offers = vec![];
+        for pool in pools {
+            let class_name = &pool.spec.template.spec.node_class_ref.name;
+            if !classes.contains_key(class_name) {
+                let c = self
+                    .ctx
+                    .cluster
+                    .get::<SSHNodeClass>(None, class_name)
+                    .await?;
+                classes.insert(class_name.clone(), c);
+            }
+            let Some(Some(class)) = classes.get(class_name) else {
+                continue;
+            };
+            let types = match instance_types(class, &hosts, false) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(nodepool = ?pool.metadata.name, error = %e, "no instance types");
+                    continue;
+                }
+            };
+            offers.push(PoolOffer::new(pool, class, types, &daemonsets));
+        }
+        offers.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.pool.cmp(&b.pool)));
+        Ok(offers)
+    }
+
+    /// Claimable hosts per class, less the claims of that class not yet holding a host.
+    fn class_budgets(
+        &self,
+        claims: &BTreeMap<String, NodeClaim>,
+        types: &BTreeMap<String, InstanceType>,
+    ) -> BTreeMap<String, i64> {
+        let mut budgets: BTreeMap<String, i64> = types
+            .iter()
+            .map(|(n, t)| (n.clone(), t.claimable as i64))
+            .collect();
+        for nc in claims.values() {
+            if nc.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let holds = nc
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|u| self.ctx.hosts.holder(u))
+                .is_some();
+            if holds {
+                continue;
+            }
+            if let Some(t) = claim_type(nc)
+                && let Some(b) = budgets.get_mut(&t)
+            {
+                *b -= 1;
+            }
+        }
+        budgets
+    }
+
+    async fn create_claim(
+        &mut self,
+        pool: &NodePool,
+        claim: &NewClaim,
+    ) -> Result<String, KarpenterError> {
+        let pool_name = pool.metadata.name.clone().unwrap_or_default();
+        for _ in 0..5 {
+            let suffix: String = {
+                let mut rng = self.ctx.rng();
+                (0..5)
+                    .map(|_| {
+                        let i = rng.random_range(0..36u8);
+                        char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
+                    })
+                    .collect()
+            };
+            let nc = build_claim(pool, &format!("{pool_name}-{suffix}"), claim);
+            match self.ctx.cluster.create(&nc).await {
+                Ok(created) => {
+                    let name = created.metadata.name.clone().unwrap_or_default();
+                    self.state.observe_claim(created.clone());
+                    let msg = format!(
+                        "launching NodeClaim {name} ({}) for {} pod(s)",
+                        claim.instance_type,
+                        claim.pods.len()
+                    );
+                    crate::actors::events::record(
+                        &self.ctx.cluster,
+                        &created,
+                        EventType::Normal,
+                        "Launching",
+                        msg,
+                    )
+                    .await;
+                    return Ok(name);
+                }
+                Err(crate::k8s::ClusterError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(KarpenterError::NodePool {
+            pool: pool_name,
+            message: "could not find a free NodeClaim name".into(),
+        })
+    }
+}
+
+/// The instance type a NodeClaim asks for (a single-value `In` on the instance-type label).
+pub fn claim_type(nc: &NodeClaim) -> Option<String> {
+    nc.spec
+        .requirements
+        .iter()
+        .find(|r| r.key == INSTANCE_TYPE_LABEL && r.operator == "In" && r.values.len() == 1)
+        .map(|r| r.values[0].clone())
+        .or_else(|| {
+            nc.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(INSTANCE_TYPE_LABEL).cloned())
+        })
+}
+
+/// A NodeClaim from a NodePool's template: labels (+ nodepool), annotations, taints, startup
+/// taints, requirements (+ the chosen instance type and nodepool), requests, expireAfter,
+/// terminationGracePeriod and an owner reference to the NodePool.
+pub fn build_claim(pool: &NodePool, name: &str, claim: &NewClaim) -> NodeClaim {
+    let t = &pool.spec.template;
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    let mut labels = pack::template_labels(pool);
+    labels.insert(NODEPOOL_LABEL.into(), pool_name.clone());
+    let mut requirements: Vec<NodeSelectorRequirement> = t
+        .spec
+        .requirements
+        .iter()
+        .filter(|r| r.key != INSTANCE_TYPE_LABEL && r.key != NODEPOOL_LABEL)
+        .cloned()
+        .collect();
+    requirements.push(NodeSelectorRequirement {
+        key: NODEPOOL_LABEL.into(),
+        operator: "In".into(),
+        values: vec![pool_name.clone()],
+        min_values: None,
+    });
+    requirements.push(NodeSelectorRequirement {
+        key: INSTANCE_TYPE_LABEL.into(),
+        operator: "In".into(),
+        values: vec![claim.instance_type.clone()],
+        min_values: None,
+    });
+    let requests = claim
+        .requests
+        .iter()
+        .map(|(k, v)| {
+            let q = match k.as_str() {
+                "cpu" => quantity::format_cpu(*v),
+                "memory" | "ephemeral-storage" => quantity::format_bytes(*v),
+                _ => ((*v + 999) / 1000).to_string(),
+            };
+            (k.clone(), Quantity(q))
+        })
+        .collect();
+    NodeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels),
+            annotations: Some({
+                let mut a = t.metadata.annotations.clone();
+                a.insert(
+                    super::disruption::NODEPOOL_HASH_ANNOTATION.into(),
+                    super::disruption::nodepool_hash(pool),
+                );
+                a
+            }),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "karpenter.sh/v1".into(),
+                kind: "NodePool".into(),
+                name: pool_name,
+                uid: pool.metadata.uid.clone().unwrap_or_default(),
+                block_owner_deletion: Some(true),
+                controller: None,
+            }]),
+            ..Default::default()
+        },
+        spec: NodeClaimSpec {
+            taints: t.spec.taints.clone(),
+            startup_taints: t.spec.startup_taints.clone(),
+            requirements,
+            resources: ResourceRequests { requests },
+            node_class_ref: t.spec.node_class_ref.clone(),
+            expire_after: t.spec.expire_after.clone(),
+            termination_grace_period: t.spec.termination_grace_period.clone(),
+            extra: BTreeMap::new(),
+        },
+        status: None,
+    }
+}
+
+/// Pods of `st` bound to `node` that a consolidation would have to move.
+pub fn reschedulable_on(st: &Inner, node: &str) -> Vec<Pod> {
+    st.pods_on(node)
+        .filter(|p| super::pods::is_reschedulable(p))
+        .cloned()
+        .collect()
+}

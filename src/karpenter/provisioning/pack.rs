@@ -1,0 +1,446 @@
+//! Bin-packing of pending pods onto new NodeClaims: first-fit-decreasing, one node at a time,
+//! each node keeping every instance type that still fits and finally taking the cheapest.
+//! Budgets per class (claimable hosts) and NodePool limits are checked before a node opens, so
+//! a round never asks for more than exists.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Pod, Taint};
+
+use crate::actors::router::instance_types::InstanceType;
+use crate::actors::router::requirements;
+use crate::api::karpenter::{NODEPOOL_LABEL, UNREGISTERED_TAINT_KEY};
+use crate::api::{NodeClaim, NodePool, SSHNodeClass};
+use crate::karpenter::scheduling::{PodInfo, SimNode, fits_resources, pods_allow};
+use crate::karpenter::state::Inner;
+use crate::karpenter::{DISRUPTION_ANNOTATION, pods, quantity};
+
+use super::claim_type;
+
+/// One instance type as a node of one NodePool would get it.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    pub it: InstanceType,
+    pub labels: BTreeMap<String, String>,
+    /// Allocatable less daemonset overhead: what pending pods may use.
+    pub avail: BTreeMap<String, i128>,
+    pub daemon_overhead: BTreeMap<String, i128>,
+}
+
+/// A NodePool with the instance types its node class offers.
+#[derive(Debug, Clone)]
+pub struct PoolOffer {
+    pub pool: String,
+    pub weight: i32,
+    /// Template taints (startup taints never block pods).
+    pub taints: Vec<Taint>,
+    pub limits: BTreeMap<String, i128>,
+    pub types: Vec<InstanceType>,
+    pub choices: Vec<Choice>,
+}
+
+/// Template labels plus the single value of each `In` requirement on a key the template does
+/// not label (Karpenter's way of turning requirements into node labels).
+pub fn template_labels(pool: &NodePool) -> BTreeMap<String, String> {
+    let t = &pool.spec.template;
+    let mut labels = t.metadata.labels.clone();
+    for r in &t.spec.requirements {
+        if r.operator == "In"
+            && !labels.contains_key(&r.key)
+            && !r.key.starts_with("node.kubernetes.io/instance-type")
+            && let Some(v) = r.values.first()
+        {
+            labels.insert(r.key.clone(), v.clone());
+        }
+    }
+    labels
+}
+
+fn allocatable(it: &InstanceType, class: &SSHNodeClass) -> BTreeMap<String, i128> {
+    let mut a = it.capacity.clone();
+    for (k, v) in &class.spec.kube_reserved {
+        if let (Some(have), Some(r)) = (a.get_mut(k), quantity::parse(v)) {
+            *have = (*have - r).max(0);
+        }
+    }
+    a.insert("pods".into(), i128::from(it.max_pods) * 1000);
+    a
+}
+
+fn daemon_pod(ds: &DaemonSet) -> Option<Pod> {
+    let t = &ds.spec.as_ref()?.template;
+    Some(Pod {
+        metadata: t.metadata.clone().unwrap_or_default(),
+        spec: t.spec.clone(),
+        status: None,
+    })
+}
+
+impl PoolOffer {
+    pub fn new(
+        pool: &NodePool,
+        class: &SSHNodeClass,
+        types: Vec<InstanceType>,
+        daemonsets: &[DaemonSet],
+    ) -> PoolOffer {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        let t = &pool.spec.template.spec;
+        let mut base = template_labels(pool);
+        base.insert(NODEPOOL_LABEL.into(), name.clone());
+        let ds_pods: Vec<PodInfo> = daemonsets
+            .iter()
+            .filter_map(daemon_pod)
+            .map(|p| PodInfo::new(&p))
+            .collect();
+        let mut choices = vec![];
+        for it in &types {
+            let mut labels = base.clone();
+            labels.extend(it.labels());
+            let reqs_ok = t.requirements.iter().all(|r| {
+                if labels.contains_key(&r.key) {
+                    requirements::matches(r, &labels)
+                } else {
+                    matches!(r.operator.as_str(), "NotIn" | "DoesNotExist")
+                }
+            });
+            if !reqs_ok {
+                continue;
+            }
+            let alloc = allocatable(it, class);
+            let mut overhead: BTreeMap<String, i128> = BTreeMap::new();
+            for d in &ds_pods {
+                if d.tolerates(&t.taints) && d.labels_match(&labels) {
+                    for (k, v) in &d.requests {
+                        *overhead.entry(k.clone()).or_insert(0) += v;
+                    }
+                }
+            }
+            let mut avail = alloc.clone();
+            for (k, v) in &overhead {
+                if let Some(a) = avail.get_mut(k) {
+                    *a -= v;
+                }
+            }
+            choices.push(Choice {
+                it: it.clone(),
+                labels,
+                avail,
+                daemon_overhead: overhead,
+            });
+        }
+        let limits = pool
+            .spec
+            .limits
+            .iter()
+            .filter_map(|(k, v)| {
+                let q = quantity::parse(v)?;
+                Some((k.clone(), q))
+            })
+            .collect();
+        PoolOffer {
+            pool: name,
+            weight: pool.spec.weight.unwrap_or(0),
+            taints: t.taints.clone(),
+            limits,
+            types,
+            choices,
+        }
+    }
+}
+
+/// A NodeClaim to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewClaim {
+    pub pool: String,
+    pub instance_type: String,
+    /// Pods' requests plus daemonset overhead, in milli-units.
+    pub requests: BTreeMap<String, i128>,
+    pub pods: Vec<(String, String)>,
+}
+
+/// A node being filled.
+#[derive(Debug)]
+pub struct Bin<'a> {
+    pub offer: &'a PoolOffer,
+    pub choices: Vec<&'a Choice>,
+    pub node: SimNode,
+    pub pods: Vec<(String, String)>,
+}
+
+#[derive(Debug, Default)]
+pub struct PackOutcome<'a> {
+    pub claims: Vec<NewClaim>,
+    pub unplaced: Vec<(&'a PodInfo, String)>,
+}
+
+fn capacity_with_node(it: &InstanceType) -> BTreeMap<String, i128> {
+    let mut c = it.capacity.clone();
+    c.insert("nodes".into(), 1000);
+    c
+}
+
+fn within_limits(
+    offer: &PoolOffer,
+    used: Option<&BTreeMap<String, i128>>,
+    it: &InstanceType,
+) -> bool {
+    let cap = capacity_with_node(it);
+    offer.limits.iter().all(|(k, limit)| {
+        let u = used.and_then(|u| u.get(k)).copied().unwrap_or(0);
+        u + cap.get(k).copied().unwrap_or(0) <= *limit
+    })
+}
+
+/// Pack `pods` (sorted largest first) into new nodes.
+pub fn pack<'a>(
+    pods: &'a [PodInfo],
+    offers: &'a [PoolOffer],
+    mut budgets: BTreeMap<String, i64>,
+    mut usage: BTreeMap<String, BTreeMap<String, i128>>,
+) -> PackOutcome<'a> {
+    let mut out = PackOutcome::default();
+    let mut done = vec![false; pods.len()];
+    for i in 0..pods.len() {
+        if done[i] {
+            continue;
+        }
+        done[i] = true;
+        let pod = &pods[i];
+        let (mut compatible, mut no_host, mut limited) = (false, false, false);
+        let mut opened = None;
+        for offer in offers {
+            if !pod.tolerates(&offer.taints) {
+                continue;
+            }
+            let mut ok: Vec<&Choice> = vec![];
+            for c in &offer.choices {
+                if !pod.labels_match(&c.labels)
+                    || !fits_resources(&pod.requests, &BTreeMap::new(), &c.avail)
+                {
+                    continue;
+                }
+                compatible = true;
+                if budgets.get(&c.it.name).copied().unwrap_or(0) <= 0 {
+                    no_host = true;
+                    continue;
+                }
+                if !within_limits(offer, usage.get(&offer.pool), &c.it) {
+                    limited = true;
+                    continue;
+                }
+                ok.push(c);
+            }
+            if !ok.is_empty() {
+                opened = Some(Bin {
+                    offer,
+                    choices: ok,
+                    node: SimNode::default(),
+                    pods: vec![],
+                });
+                break;
+            }
+        }
+        let Some(mut bin) = opened else {
+            let why = if limited {
+                "NodePool limits exceeded"
+            } else if no_host {
+                "no free host of a fitting class (all claimable hosts are spoken for)"
+            } else if compatible {
+                "no fitting instance type"
+            } else {
+                "incompatible with every NodePool (requirements, taints or resources)"
+            };
+            out.unplaced.push((pod, why.to_string()));
+            continue;
+        };
+        bin.node.add(pod);
+        bin.pods.push(pod.key());
+        for j in (i + 1)..pods.len() {
+            if done[j] {
+                continue;
+            }
+            let q = &pods[j];
+            if !q.tolerates(&bin.offer.taints) || !pods_allow(q, &bin.node.pods) {
+                continue;
+            }
+            let mut used = bin.node.used.clone();
+            for (k, v) in &q.requests {
+                *used.entry(k.clone()).or_insert(0) += v;
+            }
+            let still: Vec<&Choice> = bin
+                .choices
+                .iter()
+                .copied()
+                .filter(|c| {
+                    q.labels_match(&c.labels) && fits_resources(&used, &BTreeMap::new(), &c.avail)
+                })
+                .collect();
+            if still.is_empty() {
+                continue;
+            }
+            bin.choices = still;
+            bin.node.add(q);
+            bin.pods.push(q.key());
+            done[j] = true;
+        }
+        let Some(best) = bin.choices.iter().min_by(|a, b| {
+            a.it.price
+                .total_cmp(&b.it.price)
+                .then_with(|| a.it.name.cmp(&b.it.name))
+        }) else {
+            continue;
+        };
+        if let Some(b) = budgets.get_mut(&best.it.name) {
+            *b -= 1;
+        }
+        let u = usage.entry(bin.offer.pool.clone()).or_default();
+        for (k, v) in capacity_with_node(&best.it) {
+            *u.entry(k).or_insert(0) += v;
+        }
+        let mut requests = bin.node.used.clone();
+        for (k, v) in &best.daemon_overhead {
+            *requests.entry(k.clone()).or_insert(0) += v;
+        }
+        out.claims.push(NewClaim {
+            pool: bin.offer.pool.clone(),
+            instance_type: best.it.name.clone(),
+            requests,
+            pods: bin.pods,
+        });
+    }
+    out
+}
+
+/// Resources each NodePool's NodeClaims take (capacity, plus `nodes`), for limits.
+pub fn pool_usage(
+    claims: &BTreeMap<String, NodeClaim>,
+    types: &BTreeMap<String, InstanceType>,
+) -> BTreeMap<String, BTreeMap<String, i128>> {
+    let mut usage: BTreeMap<String, BTreeMap<String, i128>> = BTreeMap::new();
+    for nc in claims.values() {
+        let Some(pool) = nc.nodepool() else { continue };
+        let status_cap: BTreeMap<String, i128> = nc
+            .status
+            .as_ref()
+            .map(|s| {
+                s.capacity
+                    .iter()
+                    .filter_map(|(k, v)| quantity::parse(v).map(|q| (k.clone(), q)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cap = if status_cap.is_empty() {
+            claim_type(nc)
+                .and_then(|t| types.get(&t))
+                .map(|t| t.capacity.clone())
+                .unwrap_or_default()
+        } else {
+            status_cap
+        };
+        let u = usage.entry(pool.to_string()).or_default();
+        for (k, v) in cap {
+            *u.entry(k).or_insert(0) += v;
+        }
+        *u.entry("nodes".into()).or_insert(0) += 1000;
+    }
+    usage
+}
+
+fn parse_map(
+    m: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+) -> BTreeMap<String, i128> {
+    m.iter()
+        .filter_map(|(k, v)| quantity::parse(v).map(|q| (k.clone(), q)))
+        .collect()
+}
+
+/// Our NodeClaims (not being deleted or disrupted) as simulated nodes, with the pods already
+/// bound to their nodes: pending pods that fit there are waiting for them, not for new ones.
+pub fn inflight_nodes(
+    st: &Inner,
+    types: &BTreeMap<String, InstanceType>,
+    offers: &[PoolOffer],
+) -> Vec<SimNode> {
+    let mut out = vec![];
+    for nc in st.nodeclaims.values() {
+        let disrupting = nc
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(DISRUPTION_ANNOTATION));
+        if nc.metadata.deletion_timestamp.is_some() || disrupting {
+            continue;
+        }
+        let ty = claim_type(nc);
+        let choice = offers
+            .iter()
+            .find(|o| Some(o.pool.as_str()) == nc.nodepool())
+            .and_then(|o| o.choices.iter().find(|c| Some(&c.it.name) == ty.as_ref()));
+        let node = st.node_of(nc);
+        let mut labels = choice.map(|c| c.labels.clone()).unwrap_or_default();
+        labels.extend(nc.metadata.labels.clone().unwrap_or_default());
+        let startup: Vec<&str> = nc
+            .spec
+            .startup_taints
+            .iter()
+            .map(|t| t.key.as_str())
+            .collect();
+        let mut taints: Vec<Taint> = nc.spec.taints.clone();
+        let mut sim = SimNode {
+            name: nc.metadata.name.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        match node {
+            Some(node) => {
+                labels.extend(node.metadata.labels.clone().unwrap_or_default());
+                taints = node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|t| {
+                        t.key != UNREGISTERED_TAINT_KEY && !startup.contains(&t.key.as_str())
+                    })
+                    .collect();
+                let mut alloc = node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocatable.as_ref())
+                    .map(parse_map)
+                    .unwrap_or_default();
+                if alloc.is_empty() {
+                    alloc = nc
+                        .status
+                        .as_ref()
+                        .map(|s| parse_map(&s.allocatable))
+                        .unwrap_or_default();
+                }
+                if alloc.is_empty() {
+                    alloc = choice.map(|c| c.avail.clone()).unwrap_or_default();
+                }
+                let max_pods = ty
+                    .as_ref()
+                    .and_then(|t| types.get(t))
+                    .map_or(110, |t| t.max_pods);
+                alloc
+                    .entry("pods".into())
+                    .or_insert(i128::from(max_pods) * 1000);
+                sim.allocatable = alloc;
+                let name = node.metadata.name.clone().unwrap_or_default();
+                for p in st.pods_on(&name).filter(|p| pods::counts_on_node(p)) {
+                    sim.add(&PodInfo::new(p));
+                }
+            }
+            None => {
+                let Some(c) = choice else { continue };
+                sim.allocatable = c.avail.clone();
+            }
+        }
+        sim.labels = labels;
+        sim.taints = taints;
+        out.push(sim);
+    }
+    out
+}

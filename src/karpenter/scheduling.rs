@@ -1,0 +1,323 @@
+//! The scheduling simulation shared by provisioning and consolidation: which pods fit on which
+//! (real, in-flight or hypothetical) node, by the same rules the kube-scheduler applies to the
+//! constraints this layer supports.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
+use kube::core::{Selector, SelectorExt};
+
+use super::pods;
+use crate::actors::router::requirements;
+use crate::api::karpenter::NodeSelectorRequirement;
+
+pub const HOSTNAME_KEY: &str = "kubernetes.io/hostname";
+
+/// A pod's scheduling constraints, extracted once.
+#[derive(Debug, Clone)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub requests: BTreeMap<String, i128>,
+    pub node_selector: BTreeMap<String, String>,
+    /// Required node affinity: OR of terms, each an AND of requirements. Empty: none.
+    pub terms: Vec<Vec<NodeSelectorRequirement>>,
+    pub tolerations: Vec<Toleration>,
+    /// Required pod anti-affinity on the hostname key: no two matching pods on one node.
+    pub anti: Vec<Selector>,
+    /// Hostname topology spread (DoNotSchedule): at most `max_skew` matching pods per node.
+    pub spread: Vec<(Selector, i32)>,
+    /// A constraint this layer does not model; the pod is left pending with an event.
+    pub unsupported: Option<String>,
+}
+
+impl PodInfo {
+    pub fn new(p: &Pod) -> PodInfo {
+        let spec = p.spec.clone().unwrap_or_default();
+        let mut unsupported = None;
+        let mut terms = vec![];
+        let mut anti = vec![];
+        let mut spread = vec![];
+        if let Some(aff) = &spec.affinity {
+            if let Some(req) = aff.node_affinity.as_ref().and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            }) {
+                for t in &req.node_selector_terms {
+                    if t.match_fields.as_ref().is_some_and(|f| !f.is_empty()) {
+                        unsupported = Some("node affinity matchFields".to_string());
+                    }
+                    terms.push(
+                        t.match_expressions
+                            .iter()
+                            .flatten()
+                            .map(|e| NodeSelectorRequirement {
+                                key: e.key.clone(),
+                                operator: e.operator.clone(),
+                                values: e.values.clone().unwrap_or_default(),
+                                min_values: None,
+                            })
+                            .collect(),
+                    );
+                }
+            }
+            if aff.pod_affinity.as_ref().is_some_and(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+                    .is_some_and(|v| !v.is_empty())
+            }) {
+                unsupported = Some("required pod affinity".to_string());
+            }
+            for t in aff
+                .pod_anti_affinity
+                .as_ref()
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .into_iter()
+                .flatten()
+            {
+                if t.topology_key != HOSTNAME_KEY {
+                    unsupported = Some(format!(
+                        "required pod anti-affinity on topology key {}",
+                        t.topology_key
+                    ));
+                    continue;
+                }
+                match t.label_selector.clone().map(Selector::try_from) {
+                    Some(Ok(s)) => anti.push(s),
+                    _ => unsupported = Some("pod anti-affinity without a valid selector".into()),
+                }
+            }
+        }
+        for c in spec.topology_spread_constraints.iter().flatten() {
+            if c.when_unsatisfiable != "DoNotSchedule" {
+                continue;
+            }
+            if c.topology_key != HOSTNAME_KEY {
+                unsupported = Some(format!(
+                    "topology spread on topology key {}",
+                    c.topology_key
+                ));
+                continue;
+            }
+            match c.label_selector.clone().map(Selector::try_from) {
+                Some(Ok(s)) => spread.push((s, c.max_skew.max(1))),
+                _ => unsupported = Some("topology spread without a valid selector".into()),
+            }
+        }
+        PodInfo {
+            namespace: p.metadata.namespace.clone().unwrap_or_default(),
+            name: p.metadata.name.clone().unwrap_or_default(),
+            uid: p.metadata.uid.clone().unwrap_or_default(),
+            labels: p.metadata.labels.clone().unwrap_or_default(),
+            requests: pods::requests(p),
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            terms,
+            tolerations: spec.tolerations.clone().unwrap_or_default(),
+            anti,
+            spread,
+            unsupported,
+        }
+    }
+
+    pub fn key(&self) -> (String, String) {
+        (self.namespace.clone(), self.name.clone())
+    }
+
+    pub fn cpu(&self) -> i128 {
+        self.requests.get("cpu").copied().unwrap_or(0)
+    }
+
+    pub fn memory(&self) -> i128 {
+        self.requests.get("memory").copied().unwrap_or(0)
+    }
+
+    /// nodeSelector and required node affinity against a node's labels.
+    pub fn labels_match(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.node_selector
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && (self.terms.is_empty()
+                || self
+                    .terms
+                    .iter()
+                    .any(|t| requirements::all_match(t, labels)))
+    }
+
+    pub fn tolerates(&self, taints: &[Taint]) -> bool {
+        tolerates_all(&self.tolerations, taints)
+    }
+}
+
+/// One toleration against one taint, as the scheduler evaluates it.
+pub fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    if t.effect
+        .as_deref()
+        .is_some_and(|e| !e.is_empty() && e != taint.effect)
+    {
+        return false;
+    }
+    let op = t.operator.as_deref().unwrap_or("Equal");
+    match t.key.as_deref() {
+        None | Some("") => op == "Exists",
+        Some(k) if k != taint.key => false,
+        Some(_) if op == "Exists" => true,
+        Some(_) => t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or(""),
+    }
+}
+
+/// Every NoSchedule/NoExecute taint is tolerated (PreferNoSchedule never blocks).
+pub fn tolerates_all(tols: &[Toleration], taints: &[Taint]) -> bool {
+    taints
+        .iter()
+        .filter(|t| t.effect != "PreferNoSchedule")
+        .all(|taint| tols.iter().any(|t| tolerates(t, taint)))
+}
+
+/// A pod placed on a simulated node, with what later pods' constraints need to see.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub anti: Vec<Selector>,
+}
+
+impl Placed {
+    pub fn of(p: &PodInfo) -> Placed {
+        Placed {
+            namespace: p.namespace.clone(),
+            labels: p.labels.clone(),
+            anti: p.anti.clone(),
+        }
+    }
+}
+
+/// A node in the simulation: real, in flight or hypothetical.
+#[derive(Debug, Clone, Default)]
+pub struct SimNode {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Taints that block scheduling.
+    pub taints: Vec<Taint>,
+    pub allocatable: BTreeMap<String, i128>,
+    pub used: BTreeMap<String, i128>,
+    pub pods: Vec<Placed>,
+}
+
+/// The resources fit in `allocatable - used`.
+pub fn fits_resources(
+    req: &BTreeMap<String, i128>,
+    used: &BTreeMap<String, i128>,
+    allocatable: &BTreeMap<String, i128>,
+) -> bool {
+    req.iter().all(|(k, v)| {
+        *v <= 0 || used.get(k).copied().unwrap_or(0) + v <= allocatable.get(k).copied().unwrap_or(0)
+    })
+}
+
+/// Pod-to-pod constraints (hostname anti-affinity both ways, hostname spread) on one node.
+pub fn pods_allow(pod: &PodInfo, placed: &[Placed]) -> bool {
+    let same_ns = || placed.iter().filter(|q| q.namespace == pod.namespace);
+    if pod
+        .anti
+        .iter()
+        .any(|s| same_ns().any(|q| s.matches(&q.labels)))
+    {
+        return false;
+    }
+    if same_ns().any(|q| q.anti.iter().any(|s| s.matches(&pod.labels))) {
+        return false;
+    }
+    pod.spread.iter().all(|(s, skew)| {
+        let n = same_ns().filter(|q| s.matches(&q.labels)).count() as i64;
+        n < i64::from(*skew)
+    })
+}
+
+impl SimNode {
+    pub fn fits(&self, pod: &PodInfo) -> bool {
+        fits_resources(&pod.requests, &self.used, &self.allocatable)
+            && pod.labels_match(&self.labels)
+            && pod.tolerates(&self.taints)
+            && pods_allow(pod, &self.pods)
+    }
+
+    pub fn add(&mut self, pod: &PodInfo) {
+        for (k, v) in &pod.requests {
+            *self.used.entry(k.clone()).or_insert(0) += v;
+        }
+        self.pods.push(Placed::of(pod));
+    }
+}
+
+/// Place each pod on the first node it fits (nodes in the given order). Returns the pods that
+/// found no place.
+pub fn place_all<'a>(pods: &'a [PodInfo], nodes: &mut [SimNode]) -> Vec<&'a PodInfo> {
+    let mut left = vec![];
+    for p in pods {
+        match nodes.iter_mut().find(|n| n.fits(p)) {
+            Some(n) => n.add(p),
+            None => left.push(p),
+        }
+    }
+    left
+}
+
+/// Sort for first-fit-decreasing: largest cpu, then memory, then name (deterministic).
+pub fn sort_pods(pods: &mut [PodInfo]) {
+    pods.sort_by(|a, b| {
+        b.cpu()
+            .cmp(&a.cpu())
+            .then_with(|| b.memory().cmp(&a.memory()))
+            .then_with(|| a.key().cmp(&b.key()))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: value.map(str::to_string),
+            effect: effect.into(),
+            time_added: None,
+        }
+    }
+
+    fn tol(key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>) -> Toleration {
+        Toleration {
+            key: key.map(str::to_string),
+            operator: Some(op.into()),
+            value: value.map(str::to_string),
+            effect: effect.map(str::to_string),
+            toleration_seconds: None,
+        }
+    }
+
+    #[test]
+    fn tolerations_follow_the_scheduler() {
+        let t = taint("gpu", Some("yes"), "NoSchedule");
+        assert!(tolerates(&tol(Some("gpu"), "Equal", Some("yes"), None), &t));
+        assert!(!tolerates(&tol(Some("gpu"), "Equal", Some("no"), None), &t));
+        assert!(tolerates(
+            &tol(Some("gpu"), "Exists", None, Some("NoSchedule")),
+            &t
+        ));
+        assert!(!tolerates(
+            &tol(Some("gpu"), "Exists", None, Some("NoExecute")),
+            &t
+        ));
+        assert!(tolerates(&tol(None, "Exists", None, None), &t));
+        assert!(tolerates_all(
+            &[],
+            &[taint("soft", None, "PreferNoSchedule")]
+        ));
+        assert!(!tolerates_all(&[], &[t]));
+    }
+}

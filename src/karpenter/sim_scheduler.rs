@@ -1,0 +1,204 @@
+//! A small simulated kube-scheduler and kubelet for the simulation and tests: binds pending
+//! pods to Ready nodes they fit (resources, selectors, required node affinity, taints), marks
+//! the rest `PodScheduled=False/Unschedulable`, and marks bound pods Running. Pods annotated
+//! [`RECREATE_ANNOTATION`] play a ReplicaSet's pods: evicted, they come back pending under a
+//! new name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::lifecycle::node_ready;
+use super::pods;
+use super::quantity;
+use super::scheduling::{PodInfo, SimNode};
+use super::state::ClusterState;
+use crate::k8s::{Cluster, WatchEvent};
+
+pub const RECREATE_ANNOTATION: &str = "sim.kpssh.dev/recreate";
+
+/// Start the scheduler loop (every `period`) and the "ReplicaSet" that recreates evicted pods.
+pub fn spawn<C: Cluster>(cluster: C, state: ClusterState, period: Duration) -> Vec<JoinHandle<()>> {
+    let c2 = cluster.clone();
+    let recreate = tokio::spawn(async move {
+        let mut stream = c2.watch::<Pod>(None);
+        let mut seq = 0u64;
+        while let Some(ev) = stream.next().await {
+            let Ok(WatchEvent::Deleted(p)) = ev else {
+                continue;
+            };
+            let wants = p
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(RECREATE_ANNOTATION));
+            if !wants {
+                continue;
+            }
+            seq += 1;
+            let base = p.metadata.name.clone().unwrap_or_default();
+            let base = base.split("-r").next().unwrap_or_default().to_string();
+            let mut fresh = Pod {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(format!("{base}-r{seq}")),
+                    namespace: p.metadata.namespace.clone(),
+                    labels: p.metadata.labels.clone(),
+                    annotations: p.metadata.annotations.clone(),
+                    owner_references: p.metadata.owner_references.clone(),
+                    ..Default::default()
+                },
+                spec: p.spec.clone(),
+                status: None,
+            };
+            if let Some(s) = fresh.spec.as_mut() {
+                s.node_name = None;
+            }
+            if let Err(e) = c2.create(&fresh).await {
+                tracing::warn!(error = %e, "sim replicaset could not recreate a pod");
+            }
+        }
+    });
+    let sched = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            if let Err(e) = schedule_once(&cluster, &state).await {
+                tracing::debug!(error = %e, "sim scheduler round failed");
+            }
+        }
+    });
+    vec![recreate, sched]
+}
+
+fn unschedulable_status(msg: &str) -> PodStatus {
+    PodStatus {
+        phase: Some("Pending".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some(msg.into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// One scheduling pass. Returns how many pods were bound.
+pub async fn schedule_once<C: Cluster>(
+    cluster: &C,
+    state: &ClusterState,
+) -> Result<usize, crate::k8s::ClusterError> {
+    let (mut nodes, pending, to_run) = {
+        let st = state.read();
+        let mut nodes: Vec<SimNode> = vec![];
+        for node in st.nodes.values() {
+            if node.metadata.deletion_timestamp.is_some()
+                || node_ready(node).is_none_or(|c| c.status != "True")
+                || node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+            {
+                continue;
+            }
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let parse =
+                |m: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+                    m.iter()
+                        .filter_map(|(k, v)| quantity::parse(v).map(|q| (k.clone(), q)))
+                        .collect::<BTreeMap<_, _>>()
+                };
+            let mut alloc = node
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .map(parse)
+                .unwrap_or_default();
+            if alloc.is_empty() {
+                alloc = st
+                    .claim_of_node(node)
+                    .and_then(|c| c.status.as_ref())
+                    .map(|s| parse(&s.allocatable))
+                    .unwrap_or_default();
+            }
+            if alloc.is_empty() {
+                continue;
+            }
+            alloc.entry("pods".into()).or_insert(110_000);
+            let mut sim = SimNode {
+                name: name.clone(),
+                labels: node.metadata.labels.clone().unwrap_or_default(),
+                taints: node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.clone())
+                    .unwrap_or_default(),
+                allocatable: alloc,
+                ..Default::default()
+            };
+            for p in st.pods_on(&name).filter(|p| pods::counts_on_node(p)) {
+                sim.add(&PodInfo::new(p));
+            }
+            nodes.push(sim);
+        }
+        let pending: Vec<Pod> = st
+            .pods
+            .values()
+            .filter(|p| pods::node_name(p).is_none() && p.metadata.deletion_timestamp.is_none())
+            .cloned()
+            .collect();
+        let to_run: Vec<Pod> = st
+            .pods
+            .values()
+            .filter(|p| pods::node_name(p).is_some() && pods::phase(p) == "Pending")
+            .cloned()
+            .collect();
+        (nodes, pending, to_run)
+    };
+    let mut bound = 0;
+    let mut seen = BTreeSet::new();
+    for p in pending {
+        let info = PodInfo::new(&p);
+        let ns = info.namespace.clone();
+        let name = info.name.clone();
+        seen.insert((ns.clone(), name.clone()));
+        match nodes.iter_mut().find(|n| n.fits(&info)) {
+            Some(n) => {
+                n.add(&info);
+                let patch = json!({"spec": {"nodeName": n.name}});
+                cluster.patch::<Pod>(Some(&ns), &name, &patch).await?;
+                bound += 1;
+            }
+            None => {
+                if !pods::is_provisionable(&p) {
+                    let mut p2 = p.clone();
+                    p2.status = Some(unschedulable_status("0 nodes are available"));
+                    match cluster.replace_status(&p2).await {
+                        Ok(_) => {}
+                        Err(e) if e.is_conflict() || e.is_not_found() => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+    for p in to_run {
+        let mut p2 = p.clone();
+        p2.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "PodScheduled".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        match cluster.replace_status(&p2).await {
+            Ok(_) => {}
+            Err(e) if e.is_conflict() || e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(bound)
+}

@@ -1,0 +1,318 @@
+//! S38 (consolidation, budgets, do-not-disrupt) and S39 (drift, expiry, repair).
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use kpssh::api::karpenter::{Budget, DO_NOT_DISRUPT_ANNOTATION};
+use kpssh::api::{HostState, NodePool};
+use kpssh::k8s::Cluster;
+use kpssh::karpenter::sim_scheduler::RECREATE_ANNOTATION;
+
+use super::*;
+
+fn consolidating(after: &str) -> NodePool {
+    let mut np = nodepool("default");
+    np.spec.disruption.consolidate_after = Some(after.into());
+    np.spec.disruption.budgets = vec![Budget {
+        nodes: "100%".into(),
+        ..Default::default()
+    }];
+    np
+}
+
+fn replicated(name: &str, cpu: &str) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = pod(name, cpu, "256Mi");
+    p.metadata.annotations = Some([(RECREATE_ANNOTATION.to_string(), "true".to_string())].into());
+    p
+}
+
+#[tokio::test(start_paused = true)]
+async fn s38_empty_node_goes_back_to_the_warm_pool_after_consolidate_after() {
+    let e = env().await;
+    hosts(&e, "h", "small", 1, 2, 4, 70).await;
+    e.w.cluster.create(&consolidating("2m")).await.expect("np");
+    e.w.cluster
+        .create(&pod("p", "500m", "256Mi"))
+        .await
+        .expect("pod");
+    assert!(
+        e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
+            .await
+    );
+    e.w.cluster
+        .delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), "p", None)
+        .await
+        .expect("del");
+    tokio::time::sleep(90 * std::time::Duration::from_secs(1)).await;
+    assert_eq!(claims(&e).await.len(), 1, "not before consolidateAfter");
+    let ok =
+        e.w.until(3 * MINUTE, || async {
+            claims(&e).await.is_empty()
+                && host_states(&e).await.get(&HostState::Available) == Some(&1)
+        })
+        .await;
+    assert!(
+        ok,
+        "empty node consolidated, host warm: {:?}",
+        host_states(&e).await
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn s38_budgets_never_and_do_not_disrupt_block_consolidation() {
+    let e = env().await;
+    hosts(&e, "h", "small", 3, 2, 4, 71).await;
+    let mut np = consolidating("30s");
+    np.spec.disruption.budgets = vec![Budget {
+        nodes: "0".into(),
+        reasons: Some(vec!["Empty".into()]),
+        ..Default::default()
+    }];
+    e.w.cluster.create(&np).await.expect("np");
+    for i in 0..3 {
+        e.w.cluster
+            .create(&pod(&format!("p{i}"), "1500m", "256Mi"))
+            .await
+            .expect("pod");
+    }
+    assert!(
+        e.w.until(3 * MINUTE, || async { running(&e).await == 3 })
+            .await
+    );
+    let names: Vec<String> = claims(&e)
+        .await
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
+    // do-not-disrupt on one node.
+    e.w.cluster
+        .patch::<Node>(
+            None,
+            &names[0],
+            &serde_json::json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"}}}),
+        )
+        .await
+        .expect("annotate");
+    for i in 0..3 {
+        e.w.cluster
+            .delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), &format!("p{i}"), None)
+            .await
+            .expect("del");
+    }
+    tokio::time::sleep(5 * MINUTE).await;
+    assert_eq!(claims(&e).await.len(), 3, "budget 0 for Empty blocks");
+    // Open the budget to one node at a time.
+    let mut np: NodePool =
+        e.w.cluster
+            .get(None, "default")
+            .await
+            .expect("get")
+            .expect("np");
+    np.spec.disruption.budgets = vec![Budget {
+        nodes: "1".into(),
+        ..Default::default()
+    }];
+    e.w.cluster.replace(&np).await.expect("replace");
+    let ok =
+        e.w.until(5 * MINUTE, || async { claims(&e).await.len() == 1 })
+            .await;
+    assert!(ok, "two empty nodes consolidated one at a time");
+    assert_eq!(
+        claims(&e).await[0].metadata.name.as_deref(),
+        Some(names[0].as_str()),
+        "do-not-disrupt node kept"
+    );
+    // consolidateAfter: Never disables it.
+    let mut np: NodePool =
+        e.w.cluster
+            .get(None, "default")
+            .await
+            .expect("get")
+            .expect("np");
+    np.spec.disruption.consolidate_after = Some("Never".into());
+    e.w.cluster.replace(&np).await.expect("replace");
+    e.w.cluster
+        .patch::<Node>(
+            None,
+            &names[0],
+            &serde_json::json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: null}}}),
+        )
+        .await
+        .expect("unannotate");
+    tokio::time::sleep(5 * MINUTE).await;
+    assert_eq!(claims(&e).await.len(), 1, "Never keeps the node");
+}
+
+#[tokio::test(start_paused = true)]
+async fn s38_underutilized_node_whose_pods_fit_elsewhere_is_consolidated() {
+    let e = env().await;
+    hosts(&e, "h", "big", 2, 8, 16, 72).await;
+    e.w.cluster.create(&consolidating("1m")).await.expect("np");
+    for name in ["a", "b"] {
+        e.w.cluster
+            .create(&pod(name, "5", "256Mi"))
+            .await
+            .expect("pod");
+    }
+    assert!(
+        e.w.until(3 * MINUTE, || async { running(&e).await == 2 })
+            .await
+    );
+    assert_eq!(claims(&e).await.len(), 2);
+    // A small pod lands next to one of them; then that neighbour goes away, leaving a node
+    // that runs only the small pod, which fits on the other node.
+    e.w.cluster
+        .create(&replicated("c", "1"))
+        .await
+        .expect("pod");
+    assert!(e.w.until(MINUTE, || async { running(&e).await == 3 }).await);
+    let all = pods(&e).await;
+    let node_of = |n: &str| {
+        all.iter()
+            .find(|p| p.metadata.name.as_deref() == Some(n))
+            .and_then(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+    };
+    let neighbour = if node_of("a") == node_of("c") {
+        "a"
+    } else {
+        "b"
+    };
+    e.w.cluster
+        .delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), neighbour, None)
+        .await
+        .expect("del");
+    let ok =
+        e.w.until(10 * MINUTE, || async {
+            claims(&e).await.len() == 1 && running(&e).await == 2
+        })
+        .await;
+    assert!(
+        ok,
+        "claims {} running {}",
+        claims(&e).await.len(),
+        running(&e).await
+    );
+    assert!(
+        e.w.cluster
+            .events()
+            .iter()
+            .any(|ev| ev.reason == "DisruptionTerminating" && ev.message.contains("Underutilized")),
+        "consolidated as under-utilised"
+    );
+    assert_eq!(host_states(&e).await.get(&HostState::Available), Some(&1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn s39_drifted_and_expired_claims_are_replaced() {
+    let e = env().await;
+    hosts(&e, "h", "small", 2, 2, 4, 73).await;
+    let mut np = consolidating("Never");
+    np.spec.template.spec.expire_after = Some("30m".into());
+    e.w.cluster.create(&np).await.expect("np");
+    e.w.cluster
+        .create(&replicated("w", "500m"))
+        .await
+        .expect("pod");
+    assert!(
+        e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
+            .await
+    );
+    let first = claims(&e).await[0].metadata.name.clone().expect("name");
+    // Drift: the template changes.
+    let mut np: NodePool =
+        e.w.cluster
+            .get(None, "default")
+            .await
+            .expect("get")
+            .expect("np");
+    np.spec
+        .template
+        .metadata
+        .labels
+        .insert("rev".into(), "2".into());
+    e.w.cluster.replace(&np).await.expect("replace");
+    let ok =
+        e.w.until(5 * MINUTE, || async {
+            let cs = claims(&e).await;
+            cs.len() == 1
+                && cs[0].metadata.name.as_deref() != Some(first.as_str())
+                && running(&e).await == 1
+        })
+        .await;
+    assert!(ok, "drifted claim replaced");
+    let second = claims(&e).await[0].clone();
+    assert_eq!(
+        second
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("rev"))
+            .map(String::as_str),
+        Some("2")
+    );
+    // Expiry: 30 minutes after creation it is replaced again.
+    let second = second.metadata.name.clone().expect("name");
+    let ok =
+        e.w.until(40 * MINUTE, || async {
+            let cs = claims(&e).await;
+            cs.len() == 1
+                && cs[0].metadata.name.as_deref() != Some(second.as_str())
+                && running(&e).await == 1
+        })
+        .await;
+    assert!(ok, "expired claim replaced");
+}
+
+#[tokio::test(start_paused = true)]
+async fn s39_node_not_ready_for_10_minutes_is_repaired() {
+    let e = env().await;
+    hosts(&e, "h", "small", 1, 2, 4, 74).await;
+    e.w.cluster
+        .create(&consolidating("Never"))
+        .await
+        .expect("np");
+    e.w.cluster
+        .create(&pod("p", "500m", "256Mi"))
+        .await
+        .expect("pod");
+    assert!(
+        e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
+            .await
+    );
+    let name = claims(&e).await[0].metadata.name.clone().expect("name");
+    let mut node: Node =
+        e.w.cluster
+            .get(None, &name)
+            .await
+            .expect("get")
+            .expect("node");
+    if let Some(s) = node.status.as_mut() {
+        s.conditions = Some(vec![NodeCondition {
+            type_: "Ready".into(),
+            status: "Unknown".into(),
+            reason: Some("NodeStatusUnknown".into()),
+            last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                e.w.ctx.clock.now(),
+            )),
+            ..Default::default()
+        }]);
+    }
+    e.w.cluster.replace_status(&node).await.expect("not ready");
+    tokio::time::sleep(8 * MINUTE).await;
+    assert_eq!(
+        claims(&e)
+            .await
+            .iter()
+            .filter(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+            .count(),
+        1
+    );
+    let ok =
+        e.w.until(5 * MINUTE, || async {
+            !claims(&e)
+                .await
+                .iter()
+                .any(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+        })
+        .await;
+    assert!(ok, "repaired");
+    assert!(reasons(&e).iter().any(|r| r == "Repair"));
+}

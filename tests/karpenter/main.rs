@@ -1,0 +1,203 @@
+//! Deterministic scenario tests of the karpenter layer (S36–S40) on the in-memory cluster,
+//! simulated hosts and a simulated scheduler, on tokio's paused clock.
+
+mod acceptance;
+mod disruption;
+mod lifecycle;
+mod provisioning;
+mod termination;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kpssh::actors::Config;
+use kpssh::api::karpenter::{NodeClaimTemplate, NodeClaimTemplateSpec, NodeClassRef, NodePoolSpec};
+use kpssh::api::{GROUP, HostState, NodeClaim, NodePool, SSHHost};
+use kpssh::k8s::Cluster;
+use kpssh::karpenter::{KarpenterConfig, KarpenterHandles, sim_scheduler};
+use kpssh::sim::SimHost;
+use kpssh::sim::world::{World, node_class, sim_profile};
+
+pub const MINUTE: Duration = Duration::from_secs(60);
+
+pub struct Env {
+    pub w: World,
+    pub k: KarpenterHandles,
+    _sched: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for t in &self._sched {
+            t.abort();
+        }
+    }
+}
+
+pub async fn env() -> Env {
+    env_with(KarpenterConfig::default()).await
+}
+
+pub async fn env_with(cfg: KarpenterConfig) -> Env {
+    let w = World::start(Config::default(), 11).await.expect("world");
+    w.cluster
+        .create(&sim_profile("p", "1"))
+        .await
+        .expect("profile");
+    w.cluster
+        .create(&node_class("pool", "p"))
+        .await
+        .expect("class");
+    let k = kpssh::karpenter::spawn_with(&w.ctx, cfg)
+        .await
+        .expect("karpenter");
+    let sched = sim_scheduler::spawn(w.cluster.clone(), k.state.clone(), Duration::from_secs(1));
+    Env {
+        w,
+        k,
+        _sched: sched,
+    }
+}
+
+/// `n` hosts of `class` with `cpu` cores and `gib` GiB each; waits until all are Available.
+pub async fn hosts(e: &Env, prefix: &str, class: &str, n: usize, cpu: u32, gib: u64, net: u8) {
+    for i in 0..n {
+        let addr = format!("10.{net}.{}.{}", i / 250, i % 250 + 1);
+        e.w.add_host(
+            &format!("{prefix}{i:03}"),
+            class,
+            SimHost::new(&addr, cpu, gib * 1024 * 1024),
+        )
+        .await
+        .expect("host");
+    }
+    let ok =
+        e.w.until(5 * MINUTE, || async {
+            host_states(e)
+                .await
+                .get(&HostState::Available)
+                .copied()
+                .unwrap_or(0)
+                >= count_prefix(e, prefix).await
+        })
+        .await;
+    assert!(ok, "hosts became Available");
+}
+
+async fn count_prefix(e: &Env, prefix: &str) -> usize {
+    let hs: Vec<SSHHost> = e.w.cluster.list(Some(&e.w.ns()), None).await.expect("list");
+    hs.iter()
+        .filter(|h| {
+            h.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .count()
+}
+
+pub async fn host_states(e: &Env) -> BTreeMap<HostState, usize> {
+    let hs: Vec<SSHHost> = e.w.cluster.list(Some(&e.w.ns()), None).await.expect("list");
+    let mut m = BTreeMap::new();
+    for h in hs {
+        *m.entry(h.state()).or_insert(0) += 1;
+    }
+    m
+}
+
+pub fn nodepool(name: &str) -> NodePool {
+    NodePool::new(
+        name,
+        NodePoolSpec {
+            template: NodeClaimTemplate {
+                metadata: Default::default(),
+                spec: NodeClaimTemplateSpec {
+                    node_class_ref: NodeClassRef {
+                        group: GROUP.into(),
+                        kind: "SSHNodeClass".into(),
+                        name: "pool".into(),
+                    },
+                    ..Default::default()
+                },
+            },
+            ..Default::default()
+        },
+    )
+}
+
+pub fn pod(name: &str, cpu: &str, mem: &str) -> Pod {
+    Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            labels: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "c".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("cpu".to_string(), Quantity(cpu.into())),
+                        ("memory".to_string(), Quantity(mem.into())),
+                    ])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+pub async fn claims(e: &Env) -> Vec<NodeClaim> {
+    e.w.cluster.list(None, None).await.expect("claims")
+}
+
+pub async fn pods(e: &Env) -> Vec<Pod> {
+    e.w.cluster.list(None, None).await.expect("pods")
+}
+
+pub async fn running(e: &Env) -> usize {
+    pods(e)
+        .await
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count()
+}
+
+pub fn reasons(e: &Env) -> Vec<String> {
+    e.w.cluster
+        .events()
+        .into_iter()
+        .map(|ev| ev.reason)
+        .collect()
+}
+
+pub async fn wait_available(e: &Env, n: usize) {
+    let ok =
+        e.w.until(10 * MINUTE, || async {
+            host_states(e)
+                .await
+                .get(&HostState::Available)
+                .copied()
+                .unwrap_or(0)
+                >= n
+        })
+        .await;
+    assert!(ok, "{n} hosts Available: {:?}", host_states(e).await);
+}
+
+/// Mark a NodeClaim for voluntary disruption, as the disruption controller does.
+pub async fn mark(e: &Env, name: &str) {
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        kpssh::karpenter::DISRUPTION_ANNOTATION: "Test"
+    }}});
+    e.w.cluster
+        .patch::<NodeClaim>(None, name, &patch)
+        .await
+        .expect("mark");
+}
