@@ -98,11 +98,13 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     });
     tokio::spawn(serve(listener, status));
     let controller: Controller = spawn_controller(&ctx).await?;
+    let mut karpenter = crate::karpenter::spawn(&ctx).await?;
     ready.set(true);
     tracing::info!(pool = %args.pool_namespace, "kpssh controller started");
     shutdown_signal().await;
     tracing::info!(grace = ?args.shutdown_grace, "shutting down: no new work, phases in flight finish");
     ready.set(false);
+    karpenter.stop();
     controller.shutdown(args.shutdown_grace).await;
     Ok(0)
 }

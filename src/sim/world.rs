@@ -36,11 +36,24 @@ pub struct World {
     pub supervisor: ActorRef<SupervisorMsg>,
     pub router: ActorRef<RouterMsg>,
     pub nodeclasses: ActorRef<NodeClassMsg>,
+    /// The karpenter layer (provisioning, lifecycle, termination, disruption), when running.
+    pub karpenter: Option<crate::karpenter::KarpenterHandles>,
 }
 
 impl World {
-    /// Start the controller (supervisor and router) with `config` and `seed`.
+    /// Start the whole controller (actor core and karpenter layer) with `config` and `seed`.
     pub async fn start(config: Config, seed: u64) -> Result<World, ClusterError> {
+        let mut world = Self::start_bare(config, seed).await?;
+        let karpenter = crate::karpenter::spawn(&world.ctx)
+            .await
+            .map_err(spawn_error)?;
+        world.karpenter = Some(karpenter);
+        Ok(world)
+    }
+
+    /// Start only the actor core (for tests that run the karpenter layer with their own
+    /// settings).
+    pub async fn start_bare(config: Config, seed: u64) -> Result<World, ClusterError> {
         let start: jiff::Timestamp = "2026-01-01T00:00:00Z"
             .parse()
             .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
@@ -68,6 +81,7 @@ impl World {
             supervisor,
             router,
             nodeclasses,
+            karpenter: None,
         })
     }
 
@@ -122,6 +136,7 @@ impl World {
         self.supervisor.kill();
         self.router.kill();
         self.nodeclasses.kill();
+        let restart_karpenter = self.karpenter.take().is_some();
         tokio::time::sleep(Duration::from_millis(1)).await;
         let ctx = Context::new(
             self.cluster.clone(),
@@ -135,6 +150,9 @@ impl World {
             router,
             nodeclasses,
         } = spawn_controller(&ctx).await.map_err(spawn_error)?;
+        if restart_karpenter {
+            self.karpenter = Some(crate::karpenter::spawn(&ctx).await.map_err(spawn_error)?);
+        }
         self.ctx = ctx;
         self.supervisor = supervisor;
         self.router = router;

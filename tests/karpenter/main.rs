@@ -41,7 +41,9 @@ pub async fn env() -> Env {
 }
 
 pub async fn env_with(cfg: KarpenterConfig) -> Env {
-    let w = World::start(Config::default(), 11).await.expect("world");
+    let w = World::start_bare(Config::default(), 11)
+        .await
+        .expect("world");
     w.cluster
         .create(&sim_profile("p", "1"))
         .await

@@ -235,6 +235,16 @@ async fn terminate<C: Cluster, T: Transport>(
     let name = nc.metadata.name.clone().unwrap_or_default();
     let uid = nc.metadata.uid.clone().unwrap_or_default();
     if let Some(host) = holder(&state.ctx, nc) {
+        // S40: leave only after the drain (the karpenter layer marks the NodeClaim drained);
+        // a Node that never registered has nothing to drain, and a drain stuck past the
+        // termination grace period does not hold the host forever.
+        let drain_pending = !drained(nc)
+            && !grace_expired(nc, &state.ctx.clock)
+            && state.ctx.cluster.get::<Node>(None, &name).await?.is_some();
+        if drain_pending {
+            state.waiting.insert(name);
+            return Ok(());
+        }
         if state.released.insert(uid)
             && let Some(c) = claim_ref(nc)
         {
@@ -249,6 +259,27 @@ async fn terminate<C: Cluster, T: Transport>(
         cluster.delete::<Node>(None, &name, None).await?;
     }
     finalizers::set(cluster, nc, TERMINATION_FINALIZER, false).await
+}
+
+fn drained(nc: &NodeClaim) -> bool {
+    nc.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(crate::karpenter::DRAINED_ANNOTATION))
+}
+
+/// Deletion older than the NodeClaim's terminationGracePeriod (15 minutes when unset).
+fn grace_expired(nc: &NodeClaim, clock: &crate::clock::Clock) -> bool {
+    let grace = nc
+        .spec
+        .termination_grace_period
+        .as_deref()
+        .and_then(crate::profile::validate::parse_timeout)
+        .unwrap_or(Duration::from_secs(15 * 60));
+    nc.metadata
+        .deletion_timestamp
+        .as_ref()
+        .is_some_and(|t| clock.since(t.0) >= grace)
 }
 
 /// Choose a host and claim it with a CAS carrying the NodeClaim's name and UID (S13, S15).
