@@ -14,6 +14,7 @@ pub mod quantity;
 pub mod scheduling;
 pub mod sim_scheduler;
 pub mod state;
+pub mod taint_gates;
 pub mod termination;
 
 use std::time::Duration;
@@ -128,6 +129,11 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
         config.clone(),
     ));
     tasks.push(lifecycle::spawn(ctx.clone(), state.clone(), config.clone()));
+    tasks.push(taint_gates::spawn(
+        ctx.clone(),
+        state.clone(),
+        config.clone(),
+    ));
     tasks.push(termination::spawn(
         ctx.clone(),
         state.clone(),

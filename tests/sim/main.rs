@@ -6,6 +6,7 @@ mod host_state;
 mod lifecycle;
 mod nodeclass;
 mod scale;
+mod taint_gates;
 mod zombie;
 
 use std::time::Duration;
