@@ -387,4 +387,31 @@ mod tests {
         assert_eq!(p.verify("a", 22, &fp(OTHER)), Err(good.clone()));
         assert!(PinCheck::TrustOnFirstUse.verify("a", 22, "x").is_ok());
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Hostile knownHost text never panics the parser, and whatever parses never
+            /// accepts a key other than the one it names.
+            #[test]
+            fn parsing_never_panics_and_never_accepts_a_stranger(text in "[ -~|]{0,120}") {
+                if let Ok(k) = KnownHost::parse(&text) {
+                    prop_assert!(!k.accepts("a", 22, &fp(OTHER)) || text.contains(&fp(OTHER)[7..]) || text.contains(OTHER.split(' ').nth(1).unwrap_or("-")));
+                }
+            }
+
+            #[test]
+            fn hashed_entries_match_only_their_host(host in "[a-z0-9.]{1,20}", other in "[a-z0-9.]{1,20}", salt in proptest::collection::vec(any::<u8>(), 20)) {
+                let line = format!("{} {KEY}", hashed(&host_pattern_name(&host, 22), &salt));
+                let k = KnownHost::parse(&line).expect("hashed line parses");
+                prop_assert!(k.accepts(&host, 22, &fp(KEY)));
+                prop_assert!(!k.accepts(&host, 22, &fp(OTHER)));
+                if other != host {
+                    prop_assert!(!k.accepts(&other, 22, &fp(KEY)));
+                }
+            }
+        }
+    }
 }
