@@ -38,13 +38,19 @@ pub async fn run<C: Cluster, T: Transport>(
     schedule(myself, state, next);
 }
 
+/// Exponential backoff with up to 20% jitter (from the seeded random source), so that hosts
+/// failing together do not retry in lockstep.
 fn backoff<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> std::time::Duration {
+    use rand::Rng;
     let cfg = &state.ctx.config;
     let exp = state.failures.min(16);
-    cfg.retry_base
+    let base = cfg
+        .retry_base
         .saturating_mul(1u32 << exp.saturating_sub(1))
         .min(cfg.retry_max)
-        .min(cfg.probe_interval)
+        .min(cfg.probe_interval);
+    let jitter = state.ctx.rng().random_range(0.0..0.2);
+    base.mul_f64(1.0 + jitter)
 }
 
 fn schedule<C: Cluster, T: Transport>(
