@@ -44,6 +44,8 @@ pub struct Metrics {
     pub claim_conflicts: Counter,
     pub host_actors: Gauge,
     pub phases_in_flight: Gauge<i64, AtomicI64>,
+    /// Open (pooled) SSH connections, set by the transport's owner at scrape time.
+    pub ssh_connections: Gauge,
     registry: Registry,
 }
 
@@ -69,6 +71,7 @@ impl Metrics {
         let claim_conflicts = Counter::default();
         let host_actors = Gauge::default();
         let phases_in_flight = Gauge::<i64, AtomicI64>::default();
+        let ssh_connections = Gauge::default();
         let mut registry = Registry::with_prefix("kpssh");
         registry.register(
             "pool_hosts",
@@ -111,6 +114,7 @@ impl Metrics {
             claim_conflicts,
             host_actors,
             phases_in_flight,
+            ssh_connections,
             registry,
         }
     }
@@ -162,5 +166,73 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::SSHHostStatus;
+    use crate::sim::SimHost;
+    use crate::sim::world::host_object;
+
+    #[test]
+    fn exposition_keeps_the_compatible_names_and_counts_the_pool() {
+        let m = Metrics::new();
+        let view = HostView::default();
+        let mut a = host_object("pool", "a", "small", &SimHost::new("10.0.0.1", 2, 1));
+        a.status = Some(SSHHostStatus {
+            state: HostState::InUse,
+            ..Default::default()
+        });
+        view.upsert(a);
+        view.upsert(host_object(
+            "pool",
+            "b",
+            "small",
+            &SimHost::new("10.0.0.2", 2, 1),
+        ));
+        m.claims.inc();
+        m.zombie_actions
+            .get_or_create(&ActionLabels {
+                action: "leave".into(),
+            })
+            .inc();
+        m.probe_duration
+            .get_or_create(&OutcomeLabels {
+                outcome: "success".into(),
+            })
+            .observe(0.2);
+        let join = PhaseLabels {
+            phase: "join".into(),
+            outcome: "success".into(),
+        };
+        m.phase_duration.get_or_create(&join).observe(3.0);
+        let text = m.encode(&view);
+        assert!(
+            text.contains(r#"kpssh_pool_hosts{state="InUse",class="small"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kpssh_pool_hosts{state="Pending",class="small"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kpssh_pool_hosts{state="Maintenance",class="small"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kpssh_host_zombie_actions_total{action="leave"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("kpssh_claims_total 1"), "{text}");
+        assert!(
+            text.contains("# TYPE kpssh_host_probe_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE kpssh_instance_phase_duration_seconds histogram"),
+            "{text}"
+        );
     }
 }

@@ -52,6 +52,11 @@ struct ControllerStatus {
 
 impl Status for ControllerStatus {
     fn metrics(&self) -> String {
+        let open = self.ctx.transport.pooled_connections();
+        self.ctx
+            .metrics
+            .ssh_connections
+            .set(i64::try_from(open).unwrap_or(i64::MAX));
         self.ctx.metrics.encode(&self.ctx.hosts)
     }
     fn ready(&self) -> bool {
