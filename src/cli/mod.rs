@@ -2,6 +2,7 @@
 
 pub mod crds;
 pub mod sign;
+pub mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +20,8 @@ pub enum Command {
     Crds(crds::CrdsArgs),
     /// Sign an SSHJoinProfile's scripts (v1 and v2 signatures) with ssh-keygen.
     Sign(sign::SignArgs),
+    /// Simulate a fleet under kpssh (capacity and savings planning, fault campaigns).
+    Sim(sim::SimArgs),
 }
 
 /// Runs the parsed command and returns the process exit code.
@@ -26,5 +29,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Crds(args) => crds::run(&args),
         Command::Sign(args) => sign::run(args),
+        Command::Sim(args) => sim::run(args),
     }
 }

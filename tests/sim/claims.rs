@@ -456,22 +456,39 @@ async fn s26_force_deleted_claim_is_released_as_stale_and_zombie_cleaned() {
 #[tokio::test(start_paused = true)]
 async fn s18_s41_unsigned_verified_profile_is_refused_before_connecting() {
     let w = world().await;
-    let h = w.add_host("v", "small", SimHost::new("10.11.0.1", 2, 4_000_000)).await.expect("host");
+    let h = w
+        .add_host("v", "small", SimHost::new("10.11.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
     let mut verified = h.clone();
     verified.spec.exec_mode = kpssh::api::ExecMode::Verified;
     verified.spec.trusted_signers = Some(vec![
-        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAWfSAneVrZ6NSmgRKdnm/6LL3XV0dUDPM+ShIQN5RyL signer".into(),
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAWfSAneVrZ6NSmgRKdnm/6LL3XV0dUDPM+ShIQN5RyL signer"
+            .into(),
     ]);
     let current: SSHHost = w.host("v").await.expect("host");
     verified.metadata.resource_version = current.metadata.resource_version;
     w.cluster.replace(&verified).await.expect("verified");
     wait_state(&w, "v", HostState::Available, MINUTE).await;
     claim(&w, "unsigned", "1").await;
-    let ok = w.until(MINUTE, || async { reasons(&w).iter().any(|r| r == "ConfigurationError") }).await;
+    let ok = w
+        .until(MINUTE, || async {
+            reasons(&w).iter().any(|r| r == "ConfigurationError")
+        })
+        .await;
     assert!(ok, "{:?}", reasons(&w));
-    let msg = w.cluster.events().into_iter().find(|e| e.reason == "ConfigurationError").expect("event").message;
+    let msg = w
+        .cluster
+        .events()
+        .into_iter()
+        .find(|e| e.reason == "ConfigurationError")
+        .expect("event")
+        .message;
     assert!(msg.contains("refused before connecting"), "{msg}");
-    assert!(w.transport.host("10.11.0.1").expect("sim").log.is_empty(), "no phase sent");
+    assert!(
+        w.transport.host("10.11.0.1").expect("sim").log.is_empty(),
+        "no phase sent"
+    );
     assert_eq!(tokens(&w).await, 0, "no token minted");
     wait_state(&w, "v", HostState::Available, MINUTE).await;
 }
