@@ -74,6 +74,8 @@ pub struct SimHost {
     pub leave_in_flight: bool,
     /// The next join follows an install of the same launch (a cold join).
     pub cold: bool,
+    /// Whether the last leave sent to this host succeeded (`None`: none was sent).
+    pub last_leave_ok: Option<bool>,
 }
 
 /// Per-phase numbers.
@@ -159,6 +161,7 @@ impl SimHost {
             kubelet_env: None,
             leave_in_flight: false,
             cold: false,
+            last_leave_ok: None,
         }
     }
 

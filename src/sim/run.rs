@@ -843,9 +843,13 @@ impl Runner<'_> {
         // zombie-lifetime: a kubelet on a host nobody holds is gone within 2 probe intervals.
         let running = self.world.transport.each(|h| {
             let clean = h.reachable && h.handshake_delay.is_zero() && !h.leave_in_flight;
-            (h.address.clone(), h.kubelet_running() && clean)
+            (
+                h.address.clone(),
+                h.kubelet_running() && clean,
+                h.fingerprint.clone(),
+            )
         });
-        for (address, running) in running {
+        for (address, running, fingerprint) in running {
             let Some(i) = self.by_addr.get(&address) else {
                 continue;
             };
@@ -858,11 +862,7 @@ impl Runner<'_> {
                     .get(&c.name)
                     .is_some_and(|nc| nc.metadata.uid.as_deref() == Some(c.uid.as_str()))
             });
-            let key_ok = self
-                .world
-                .transport
-                .host(&address)
-                .is_some_and(|s| s.fingerprint == pinned);
+            let key_ok = fingerprint == pinned;
             let zombie = running && key_ok && !claim_live;
             if !zombie {
                 self.checks.zombie_since.remove(&name);
@@ -935,7 +935,9 @@ impl Runner<'_> {
         // claim-launched-in-time.
         let limit = Config::default().registration_timeout + slack;
         for (name, nc) in &self.mirror.claims {
-            if nc.metadata.deletion_timestamp.is_some() || launched(nc) == Some("True") {
+            // Launched=False is a decision (the launch failed); the NodeClaim's deletion is
+            // the karpenter layer's registration timeout if the controller's own fails.
+            if nc.metadata.deletion_timestamp.is_some() || launched(nc).is_some() {
                 continue;
             }
             let Some(at) = self.created.get(name) else {
@@ -1114,7 +1116,12 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
             while let Some(ev) = stream.next().await {
                 if let Ok(WatchEvent::Deleted(n)) = ev {
                     let name = name_of(&n.metadata);
-                    if let Some(addr) = tr.kubelet_host(&name) {
+                    if let Some((addr, leave_failed)) = tr.kubelet_host(&name) {
+                        let why = if leave_failed {
+                            " after a failed leave"
+                        } else {
+                            ""
+                        };
                         let at = tr.elapsed().as_secs();
                         out.lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -1122,7 +1129,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
                                 invariant: "node-deleted-after-kubelet-stopped".into(),
                                 at_seconds: at,
                                 message: format!(
-                                    "Node {name} deleted while the kubelet on {addr} still runs"
+                                    "Node {name} deleted while the kubelet on {addr} still runs{why}"
                                 ),
                             });
                     }

@@ -23,6 +23,9 @@ use crate::ssh::{
     CommandOutput, HostKeyPin, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
 };
 
+/// Commands kept in the log of a host with a seeded behaviour.
+const LOG_KEEP: usize = 8;
+
 /// One thing a simulated host did, at a virtual time (since the transport was created).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimAction {
@@ -100,12 +103,13 @@ impl SimTransport {
         self.lock().values().map(&mut f).collect()
     }
 
-    /// The address of the host whose running kubelet is Node `node`.
-    pub fn kubelet_host(&self, node: &str) -> Option<String> {
+    /// The host whose running kubelet is Node `node`: its address and whether the last leave
+    /// sent to it failed.
+    pub fn kubelet_host(&self, node: &str) -> Option<(String, bool)> {
         self.lock()
             .values()
             .find(|h| h.kubelet_node() == Some(node))
-            .map(|h| h.address.clone())
+            .map(|h| (h.address.clone(), h.last_leave_ok == Some(false)))
     }
 
     /// Take what the hosts did since the last call (counters stay).
@@ -303,12 +307,15 @@ impl Transport for SimTransport {
         target: &HostTarget,
         cmd: RemoteCommand,
     ) -> Result<CommandOutput, TransportError> {
+        let stdin = String::from_utf8_lossy(&cmd.stdin).into_owned();
+        let phase = SimPhase::detect(&stdin);
+        if phase == Some(SimPhase::Leave) {
+            self.with(&target.address, |h| h.last_leave_ok = Some(false));
+        }
         let host = self.connect(target)?;
         if !host.handshake_delay.is_zero() {
             tokio::time::sleep(host.handshake_delay).await;
         }
-        let stdin = String::from_utf8_lossy(&cmd.stdin).into_owned();
-        let phase = SimPhase::detect(&stdin);
         let env = parse_exports(&stdin);
         if phase == Some(SimPhase::Leave) {
             self.check_leave_fence(target).await;
@@ -368,6 +375,10 @@ impl SimTransport {
                     command: cmd.command.clone(),
                     env: env.clone(),
                 });
+                if h.behaviour.is_some() && h.log.len() > LOG_KEEP {
+                    // Long simulations keep only the latest commands of a host.
+                    h.log.drain(..h.log.len() - LOG_KEEP);
+                }
                 let exit = injected_exit
                     .or_else(|| phase.and_then(|p| h.fail_next.remove(&p)))
                     .unwrap_or(0);
@@ -385,6 +396,7 @@ impl SimTransport {
                             h.kubelet_env = Some(env.clone());
                         }
                         Some(SimPhase::Leave) => {
+                            h.last_leave_ok = Some(true);
                             h.kubelet_active = false;
                             if h.leave_disables_kubelet {
                                 h.kubelet_enabled = false;
