@@ -57,14 +57,26 @@ const KNOWN_CORE_BUGS: &[(&str, &str, &str)] = &[
     (
         "node-deleted-after-kubelet-stopped",
         "after a failed leave",
-        "router::terminate deletes the Node after a release whose leave failed (S24) while \
-         the kubelet still runs (seed 1: host key changed during leave)",
+        "router::terminate deletes the Node after a release whose leave failed (S24 path) \
+         while the kubelet still runs (campaign.yaml seed 4 at 3310s, seed 7 at 916s)",
     ),
     (
         "token-lifetime",
         "its node registered",
-        "registration::node_seen gives up on one failed API write: the host stays Claimed \
-         with its token until a controller restart (seed 3)",
+        "host::registration::node_seen gives up after one failed API write: the host stays \
+         Claimed with its bootstrap token until a controller restart (seed 4 at 330s)",
+    ),
+    (
+        "token-lifetime",
+        "no host records it",
+        "host::launch::fail ignores a failed token delete, then clears bootstrapTokenID: the \
+         token Secret is orphaned (seed 7 at 2130s)",
+    ),
+    (
+        "claim-launched-in-time",
+        "is not launched",
+        "host::launch::report_launched is not retried after a failed API write: the node \
+         joins and the host goes InUse, but the NodeClaim never gets Launched (seed 2 at 945s)",
     ),
 ];
 
@@ -145,7 +157,11 @@ fn same_seed_same_trace() {
     };
     let a = run_blocking(&scenario, 42, &opts).expect("first run");
     let b = run_blocking(&scenario, 42, &opts).expect("second run");
-    println!("trace hash {} ({} lines)", a.summary.trace_hash, a.trace.len());
+    println!(
+        "trace hash {} ({} lines)",
+        a.summary.trace_hash,
+        a.trace.len()
+    );
     assert!(a.trace.len() > 100, "a real trace");
     if a.summary.trace_hash != b.summary.trace_hash {
         let first = a
@@ -161,7 +177,10 @@ fn same_seed_same_trace() {
         );
     }
     let c = run_blocking(&scenario, 43, &opts).expect("other seed");
-    assert_ne!(a.summary.trace_hash, c.summary.trace_hash, "the seed matters");
+    assert_ne!(
+        a.summary.trace_hash, c.summary.trace_hash,
+        "the seed matters"
+    );
 }
 
 #[test]
@@ -213,5 +232,8 @@ fn kpssh_sim_json_has_every_key() {
     assert_eq!(v["seed"], 7);
     assert!(v["invariant_violations"].is_array());
     let page = std::fs::read_to_string(&html).expect("report written");
-    assert!(page.contains("<svg") && !page.contains("<script"), "self-contained SVG page");
+    assert!(
+        page.contains("<svg") && !page.contains("<script"),
+        "self-contained SVG page"
+    );
 }

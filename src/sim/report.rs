@@ -81,7 +81,10 @@ fn axis(out: &mut String, y: f64, duration: u64) {
     }
 }
 
-fn lines(out: &mut String, series: &[(&str, &str, Vec<(u64, f64)>)], duration: u64, unit: &str) {
+/// A named, coloured series of `(seconds, value)` points.
+type Series<'a> = (&'a str, &'a str, Vec<(u64, f64)>);
+
+fn lines(out: &mut String, series: &[Series<'_>], duration: u64, unit: &str) {
     let h = 220.0;
     let top = 10.0;
     let bottom = h - 30.0;
@@ -219,7 +222,7 @@ pub fn html(summary: &Summary, tl: &Timeline) -> String {
         "cumulative cost",
     );
     out.push_str("<h2>Pool state counts</h2>");
-    let series: Vec<(&str, &str, Vec<(u64, f64)>)> = STATES
+    let series: Vec<Series<'_>> = STATES
         .iter()
         .enumerate()
         .map(|(i, s)| {

@@ -111,10 +111,13 @@ pub const STATES: [HostState; 7] = [
     HostState::Maintenance,
 ];
 
+/// Host name, class, and its state changes `(seconds, state)`.
+pub type HostRow = (String, String, Vec<(u64, String)>);
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Timeline {
     /// Host name, class, and its state changes `(seconds, state)`.
-    pub hosts: Vec<(String, String, Vec<(u64, String)>)>,
+    pub hosts: Vec<HostRow>,
     pub samples: Vec<Sample>,
     pub duration: u64,
 }
@@ -578,13 +581,13 @@ impl Runner<'_> {
             }
         }
         for a in &journal.actions {
-            if a.what.contains("hung") || a.what.contains("cut off") || !a.what.ends_with("exit=0")
-            {
-                if let Some(i) = self.by_addr.get(&a.host) {
-                    self.checks
-                        .disturbed
-                        .insert(self.infos[*i].name.clone(), a.at);
-                }
+            let failed = a.what.contains("hung")
+                || a.what.contains("cut off")
+                || !a.what.ends_with("exit=0");
+            if failed && let Some(i) = self.by_addr.get(&a.host) {
+                self.checks
+                    .disturbed
+                    .insert(self.infos[*i].name.clone(), a.at);
             }
         }
         for a in journal.actions {

@@ -115,13 +115,12 @@ impl SimTransport {
     /// Take what the hosts did since the last call (counters stay).
     pub fn drain_journal(&self) -> Journal {
         let mut j = self.journal();
-        let drained = Journal {
+        Journal {
             actions: std::mem::take(&mut j.actions),
             violations: std::mem::take(&mut j.violations),
             tokens_seen: std::mem::take(&mut j.tokens_seen),
             ..j.clone()
-        };
-        drained
+        }
     }
 
     /// Virtual time since the transport was created.
