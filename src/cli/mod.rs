@@ -5,6 +5,7 @@ pub mod crds;
 pub mod phase;
 pub mod probe;
 pub mod sign;
+pub mod sim;
 pub mod target;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,8 @@ pub enum Command {
     Probe(probe::ProbeArgs),
     /// Sign an SSHJoinProfile's scripts (v1 and v2 signatures) with ssh-keygen.
     Sign(sign::SignArgs),
+    /// Simulate a fleet under kpssh (capacity and savings planning, fault campaigns).
+    Sim(sim::SimArgs),
 }
 
 /// Runs the parsed command and returns the process exit code.
@@ -39,5 +42,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Phase(args) => phase::run(*args).await,
         Command::Probe(args) => probe::run(args).await,
         Command::Sign(args) => sign::run(args),
+        Command::Sim(args) => sim::run(args),
     }
 }

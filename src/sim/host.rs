@@ -57,6 +57,83 @@ pub struct SimHost {
     pub log: Vec<ExecRecord>,
     /// SSH sessions opened (probes and phases).
     pub sessions: u64,
+    /// Mains power: off means unreachable and no kubelet running (power loss).
+    pub powered: bool,
+    /// Extra time every SSH handshake takes (slow handshakes).
+    pub handshake_delay: Duration,
+    /// Seeded behaviour (latency distributions, failure and hang probabilities); `None`
+    /// keeps the fixed `phase_latency` and the explicit `fail_next`/`hang` switches.
+    pub behaviour: Option<Behaviour>,
+    /// Whether this host's leave disables the kubelet (the warm-pool invariant) or only
+    /// stops it (a bad profile: a reboot brings it back as a zombie).
+    pub leave_disables_kubelet: bool,
+    /// The node name and join environment the kubelet was started with (it re-registers
+    /// its Node from them when it comes back after a reboot).
+    pub kubelet_env: Option<BTreeMap<String, String>>,
+    /// A leave is running on the host right now.
+    pub leave_in_flight: bool,
+    /// The next join follows an install of the same launch (a cold join).
+    pub cold: bool,
+    /// Whether the last leave sent to this host succeeded (`None`: none was sent).
+    pub last_leave_ok: Option<bool>,
+}
+
+/// Per-phase numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PerPhase<T> {
+    pub install: T,
+    pub join: T,
+    pub leave: T,
+}
+
+impl<T: Copy> PerPhase<T> {
+    pub fn get(&self, phase: SimPhase) -> T {
+        match phase {
+            SimPhase::Install => self.install,
+            SimPhase::Join => self.join,
+            SimPhase::Leave => self.leave,
+        }
+    }
+}
+
+/// A log-normal latency given by its median and 95th percentile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Latency {
+    pub median: Duration,
+    pub p95: Duration,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency {
+            median: Duration::from_secs(1),
+            p95: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Latency {
+    /// Draw one latency (Box-Muller on two uniforms), capped at 100 × the median.
+    pub fn sample(&self, rng: &mut impl rand::Rng) -> Duration {
+        let median = self.median.as_secs_f64().max(0.001);
+        let p95 = self.p95.as_secs_f64().max(median);
+        let sigma = (p95 / median).ln() / 1.644_853_6;
+        let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+        let u2: f64 = rng.random::<f64>();
+        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+        let secs = (median * (sigma * z).exp()).min(median * 100.0);
+        Duration::from_millis((secs * 1000.0) as u64)
+    }
+}
+
+/// What a host class does, drawn per command from the transport's seeded random source.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Behaviour {
+    pub latency: PerPhase<Latency>,
+    /// Probability that a run of the phase exits non-zero.
+    pub fail: PerPhase<f64>,
+    /// Probability that a run of the phase hangs until its timeout.
+    pub hang: PerPhase<f64>,
 }
 
 impl SimHost {
@@ -77,6 +154,14 @@ impl SimHost {
             probe_output: None,
             log: vec![],
             sessions: 0,
+            powered: true,
+            handshake_delay: Duration::ZERO,
+            behaviour: None,
+            leave_disables_kubelet: true,
+            kubelet_env: None,
+            leave_in_flight: false,
+            cold: false,
+            last_leave_ok: None,
         }
     }
 
@@ -105,6 +190,22 @@ impl SimHost {
     /// A reboot: services come back only if enabled (the warm-pool invariant).
     pub fn reboot(&mut self) {
         self.kubelet_active = self.kubelet_enabled;
+    }
+
+    /// A kubelet process is running (and talking to the API server).
+    pub fn kubelet_running(&self) -> bool {
+        self.powered && self.kubelet_active
+    }
+
+    /// The Node name the kubelet runs as, if it runs.
+    pub fn kubelet_node(&self) -> Option<&str> {
+        if !self.kubelet_running() {
+            return None;
+        }
+        self.kubelet_env
+            .as_ref()
+            .and_then(|e| e.get("KPSSH_NODE_NAME"))
+            .map(String::as_str)
     }
 }
 

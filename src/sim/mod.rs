@@ -1,8 +1,12 @@
 //! Deterministic simulation: simulated hosts behind the `Transport` port, a simulated kubelet
-//! that registers Nodes in the in-memory `Cluster`, all on tokio's (paused) clock.
+//! that registers Nodes in the in-memory `Cluster`, all on tokio's (paused) clock; scenario
+//! files, fault schedules, invariants and reports for `kpssh sim` and the fault campaigns.
 
 pub mod host;
 pub mod kubelet;
+pub mod report;
+pub mod run;
+pub mod scenario;
 pub mod transport;
 pub mod world;
 

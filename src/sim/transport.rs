@@ -1,19 +1,61 @@
 //! `SimTransport`: the `Transport` port over simulated hosts, keyed by address. Host keys are
 //! checked against the pin like the real transport does, before any session is counted.
+//!
+//! Hosts with a [`Behaviour`](super::host::Behaviour) draw latencies, failures and hangs from
+//! the transport's seeded random source. Everything the hosts did is written to a
+//! [`Journal`] with virtual timestamps (the simulation's trace, counters and the invariants
+//! that only the host side can see).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use super::host::{ExecRecord, SimHost, SimPhase, parse_exports};
 use super::kubelet::node_from_env;
-use crate::k8s::{Cluster, MemoryCluster};
+use crate::api::{HostState, NodeClaim, SSHHost};
+use crate::k8s::{Cluster, ClusterError, MemoryCluster};
 use crate::ssh::probe::parse_probe_output;
 use crate::ssh::{
     CommandOutput, HostKeyPin, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
 };
+
+/// Commands kept in the log of a host with a seeded behaviour.
+const LOG_KEEP: usize = 8;
+
+/// One thing a simulated host did, at a virtual time (since the transport was created).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimAction {
+    pub at: Duration,
+    pub host: String,
+    pub what: String,
+}
+
+/// A violation seen from the host side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostViolation {
+    pub at: Duration,
+    pub invariant: &'static str,
+    pub message: String,
+}
+
+/// What the hosts did; drained by the simulation runner.
+#[derive(Debug, Clone, Default)]
+pub struct Journal {
+    pub actions: Vec<SimAction>,
+    pub violations: Vec<HostViolation>,
+    pub joins_warm: u64,
+    pub joins_cold: u64,
+    pub leaves: u64,
+    /// Phase runs that failed or hung because the host's behaviour said so.
+    pub injected_phase_failures: u64,
+    pub injected_hangs: u64,
+    /// Every bootstrap token a join received (to check that none leaks into API text).
+    pub tokens_seen: Vec<String>,
+}
 
 #[derive(Clone)]
 pub struct SimTransport {
@@ -21,6 +63,9 @@ pub struct SimTransport {
     cluster: MemoryCluster,
     /// Delay between a successful join and the Node registering.
     pub registration_delay: Duration,
+    rng: Arc<Mutex<ChaCha8Rng>>,
+    journal: Arc<Mutex<Journal>>,
+    origin: tokio::time::Instant,
 }
 
 impl SimTransport {
@@ -29,7 +74,15 @@ impl SimTransport {
             hosts: Arc::new(Mutex::new(BTreeMap::new())),
             cluster,
             registration_delay: Duration::from_secs(5),
+            rng: Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))),
+            journal: Arc::new(Mutex::new(Journal::default())),
+            origin: tokio::time::Instant::now(),
         }
+    }
+
+    /// Reseed the hosts' random source (latencies, failures, hangs).
+    pub fn seed(&self, seed: u64) {
+        *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = ChaCha8Rng::seed_from_u64(seed);
     }
 
     pub fn add(&self, host: SimHost) {
@@ -45,11 +98,64 @@ impl SimTransport {
         self.lock().get(address).cloned()
     }
 
+    /// Visit every host, in address order.
+    pub fn each<R>(&self, mut f: impl FnMut(&SimHost) -> R) -> Vec<R> {
+        self.lock().values().map(&mut f).collect()
+    }
+
+    /// The host whose running kubelet is Node `node`: its address and whether the last leave
+    /// sent to it failed.
+    pub fn kubelet_host(&self, node: &str) -> Option<(String, bool)> {
+        self.lock()
+            .values()
+            .find(|h| h.kubelet_node() == Some(node))
+            .map(|h| (h.address.clone(), h.last_leave_ok == Some(false)))
+    }
+
+    /// Take what the hosts did since the last call (counters stay).
+    pub fn drain_journal(&self) -> Journal {
+        let mut j = self.journal();
+        Journal {
+            actions: std::mem::take(&mut j.actions),
+            violations: std::mem::take(&mut j.violations),
+            tokens_seen: std::mem::take(&mut j.tokens_seen),
+            ..j.clone()
+        }
+    }
+
+    /// Virtual time since the transport was created.
+    pub fn elapsed(&self) -> Duration {
+        tokio::time::Instant::now().saturating_duration_since(self.origin)
+    }
+
+    /// Record a simulation action (a fault, a demand change) in the journal.
+    pub fn note(&self, host: &str, what: impl Into<String>) {
+        let at = self.elapsed();
+        self.journal().actions.push(SimAction {
+            at,
+            host: host.to_string(),
+            what: what.into(),
+        });
+    }
+
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, SimHost>> {
         self.hosts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Connect: reachability and the host-key pin (S3: a mismatch opens no session).
+    fn journal(&self) -> MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn violation(&self, invariant: &'static str, message: String) {
+        let at = self.elapsed();
+        self.journal().violations.push(HostViolation {
+            at,
+            invariant,
+            message,
+        });
+    }
+
+    /// Connect: power, reachability and the host-key pin (S3: a mismatch opens no session).
     fn connect(&self, target: &HostTarget) -> Result<SimHost, TransportError> {
         let mut hosts = self.lock();
         let host = hosts
@@ -58,7 +164,7 @@ impl SimTransport {
                 host: target.host.clone(),
                 address: target.address.clone(),
             })?;
-        if !host.reachable {
+        if !host.reachable || !host.powered {
             return Err(TransportError::DialRefused {
                 host: target.host.clone(),
                 address: target.address.clone(),
@@ -79,6 +185,98 @@ impl SimTransport {
         host.sessions += 1;
         Ok(host.clone())
     }
+
+    /// What a run of `phase` does on `host`: (hangs, exit status, latency).
+    fn outcome(&self, host: &SimHost, phase: Option<SimPhase>) -> (bool, Option<u32>, Duration) {
+        let Some(b) = (match phase {
+            Some(_) => host.behaviour,
+            None => None,
+        }) else {
+            let hang = phase.is_some_and(|p| host.hang.contains(&p));
+            return (hang, None, host.phase_latency);
+        };
+        let Some(p) = phase else {
+            return (false, None, host.phase_latency);
+        };
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let hang = rng.random_bool(b.hang.get(p).clamp(0.0, 1.0));
+        let fail = rng.random_bool(b.fail.get(p).clamp(0.0, 1.0));
+        let latency = b.latency.get(p).sample(&mut *rng);
+        (hang, fail.then_some(1), latency)
+    }
+
+    /// Leave is about to run: it must not hit a host whose claim is a live, running node of
+    /// a NodeClaim that is not being deleted (S25).
+    async fn check_leave_fence(&self, target: &HostTarget) {
+        let Some((ns, name)) = target.host.split_once('/') else {
+            return;
+        };
+        let Ok(Some(host)) = self.cluster.get::<SSHHost>(Some(ns), name).await else {
+            return;
+        };
+        let Some(claim) = host.claim().cloned() else {
+            return;
+        };
+        if host.state() != HostState::InUse {
+            return;
+        }
+        let Ok(Some(nc)) = self.cluster.get::<NodeClaim>(None, &claim.name).await else {
+            return;
+        };
+        let live = nc.metadata.uid.as_deref() == Some(claim.uid.as_str())
+            && nc.metadata.deletion_timestamp.is_none();
+        if live {
+            self.violation(
+                "leave-fenced",
+                format!(
+                    "leave sent to {} while it is InUse for live NodeClaim {} (uid {})",
+                    target.host, claim.name, claim.uid
+                ),
+            );
+        }
+    }
+
+    /// The kubelet registers its Node a little after it starts, if it is still running; it
+    /// retries until the API server takes it.
+    pub fn register_later(&self, address: &str, env: BTreeMap<String, String>) {
+        let this = self.clone();
+        let address = address.to_string();
+        tokio::spawn(async move {
+            let node_name = env.get("KPSSH_NODE_NAME").cloned().unwrap_or_default();
+            tokio::time::sleep(this.registration_delay).await;
+            loop {
+                let running = this
+                    .with(&address, |h| {
+                        h.registers && h.kubelet_node() == Some(node_name.as_str())
+                    })
+                    .unwrap_or(false);
+                if !running {
+                    return;
+                }
+                let node: Node = node_from_env(&env, &format!("sim://adopted/{address}"));
+                match this.cluster.create(&node).await {
+                    Ok(_) | Err(ClusterError::AlreadyExists { .. }) => return,
+                    Err(_) => tokio::time::sleep(Duration::from_secs(10)).await,
+                }
+            }
+        });
+    }
+
+    /// After a reboot or power return: a kubelet that came back registers its Node again.
+    pub fn kubelet_restarted(&self, address: &str) {
+        let env = self
+            .with(address, |h| {
+                if h.kubelet_running() {
+                    h.kubelet_env.clone()
+                } else {
+                    None
+                }
+            })
+            .flatten();
+        if let Some(env) = env {
+            self.register_later(address, env);
+        }
+    }
 }
 
 impl Transport for SimTransport {
@@ -88,6 +286,9 @@ impl Transport for SimTransport {
         _verified_shim: Option<&str>,
     ) -> Result<ProbeReport, TransportError> {
         let host = self.connect(target)?;
+        if !host.handshake_delay.is_zero() {
+            tokio::time::sleep(host.handshake_delay).await;
+        }
         let facts = parse_probe_output(host.probe_stdout().as_bytes()).map_err(|source| {
             TransportError::Probe {
                 host: target.host.clone(),
@@ -105,74 +306,158 @@ impl Transport for SimTransport {
         target: &HostTarget,
         cmd: RemoteCommand,
     ) -> Result<CommandOutput, TransportError> {
-        let host = self.connect(target)?;
         let stdin = String::from_utf8_lossy(&cmd.stdin).into_owned();
         let phase = SimPhase::detect(&stdin);
+        if phase == Some(SimPhase::Leave) {
+            self.with(&target.address, |h| h.last_leave_ok = Some(false));
+        }
+        let host = self.connect(target)?;
+        if !host.handshake_delay.is_zero() {
+            tokio::time::sleep(host.handshake_delay).await;
+        }
         let env = parse_exports(&stdin);
-        if phase.is_some_and(|p| host.hang.contains(&p)) {
-            tokio::time::sleep(cmd.timeout).await;
-            return Err(TransportError::CommandTimeout {
-                host: target.host.clone(),
-                after: cmd.timeout,
-            });
+        if phase == Some(SimPhase::Leave) {
+            self.check_leave_fence(target).await;
+            self.with(&target.address, |h| h.leave_in_flight = true);
         }
-        tokio::time::sleep(host.phase_latency.min(cmd.timeout)).await;
-        let exit = self
-            .with(&target.address, |h| {
-                h.log.push(ExecRecord {
-                    phase,
-                    command: cmd.command.clone(),
-                    env: env.clone(),
-                });
-                let exit = phase.and_then(|p| h.fail_next.remove(&p)).unwrap_or(0);
-                if exit == 0 {
-                    match phase {
-                        Some(SimPhase::Join) => {
-                            h.kubelet_active = true;
-                            h.kubelet_enabled = true;
-                        }
-                        Some(SimPhase::Leave) => {
-                            h.kubelet_active = false;
-                            h.kubelet_enabled = false;
-                        }
-                        _ => {}
-                    }
-                }
-                exit
-            })
-            .unwrap_or(255);
-        if exit == 0 && phase == Some(SimPhase::Join) {
-            self.register_later(&target.address, env);
+        let (hang, injected_exit, latency) = self.outcome(&host, phase);
+        let result = self
+            .finish(target, &cmd, phase, env, hang, injected_exit, latency)
+            .await;
+        if phase == Some(SimPhase::Leave) {
+            self.with(&target.address, |h| h.leave_in_flight = false);
         }
-        Ok(CommandOutput {
-            exit_status: exit,
-            stderr: if exit == 0 {
-                vec![]
-            } else {
-                format!("{phase:?} failed").into_bytes()
-            },
-            ..Default::default()
-        })
+        result
     }
 
     async fn forget(&self, _host: &str) {}
 }
 
 impl SimTransport {
-    /// The kubelet registers its Node a little after join returns, if it is still running.
-    fn register_later(&self, address: &str, env: BTreeMap<String, String>) {
-        let this = self.clone();
-        let address = address.to_string();
-        tokio::spawn(async move {
-            tokio::time::sleep(this.registration_delay).await;
-            let running = this
-                .with(&address, |h| h.kubelet_active && h.registers)
-                .unwrap_or(false);
-            if !running {
-                return;
+    #[allow(clippy::too_many_arguments)]
+    async fn finish(
+        &self,
+        target: &HostTarget,
+        cmd: &RemoteCommand,
+        phase: Option<SimPhase>,
+        env: BTreeMap<String, String>,
+        hang: bool,
+        injected_exit: Option<u32>,
+        latency: Duration,
+    ) -> Result<CommandOutput, TransportError> {
+        let label = phase.map_or("command".to_string(), |p| format!("{p:?}").to_lowercase());
+        if hang || (injected_exit.is_none() && latency >= cmd.timeout && phase.is_some()) {
+            if hang {
+                self.journal().injected_hangs += 1;
             }
-            let node: Node = node_from_env(&env, &format!("sim://adopted/{address}"));
-            let _ = this.cluster.create(&node).await;
-        });
+            tokio::time::sleep(cmd.timeout).await;
+            self.note(&target.address, format!("{label} hung until its timeout"));
+            return Err(TransportError::CommandTimeout {
+                host: target.host.clone(),
+                after: cmd.timeout,
+            });
+        }
+        tokio::time::sleep(latency.min(cmd.timeout)).await;
+        let token = env.get("KPSSH_BOOTSTRAP_TOKEN").cloned();
+        if let Some(t) = &token {
+            self.journal().tokens_seen.push(t.clone());
+        }
+        let mut double_join = None;
+        let exit = self
+            .with(&target.address, |h| {
+                if !h.powered {
+                    // The machine lost power while the command ran: the session dropped.
+                    return None;
+                }
+                h.log.push(ExecRecord {
+                    phase,
+                    command: cmd.command.clone(),
+                    env: env.clone(),
+                });
+                if h.behaviour.is_some() && h.log.len() > LOG_KEEP {
+                    // Long simulations keep only the latest commands of a host.
+                    h.log.drain(..h.log.len() - LOG_KEEP);
+                }
+                let exit = injected_exit
+                    .or_else(|| phase.and_then(|p| h.fail_next.remove(&p)))
+                    .unwrap_or(0);
+                let cold = phase == Some(SimPhase::Join) && std::mem::take(&mut h.cold);
+                if exit == 0 {
+                    match phase {
+                        Some(SimPhase::Install) => h.cold = true,
+                        Some(SimPhase::Join) => {
+                            let name = env.get("KPSSH_NODE_NAME").cloned().unwrap_or_default();
+                            if let Some(old) = h.kubelet_node().filter(|n| *n != name) {
+                                double_join = Some(old.to_string());
+                            }
+                            h.kubelet_active = true;
+                            h.kubelet_enabled = true;
+                            h.kubelet_env = Some(env.clone());
+                        }
+                        Some(SimPhase::Leave) => {
+                            h.last_leave_ok = Some(true);
+                            h.kubelet_active = false;
+                            if h.leave_disables_kubelet {
+                                h.kubelet_enabled = false;
+                            }
+                        }
+                        None => {}
+                    }
+                }
+                Some((exit, cold))
+            })
+            .flatten();
+        let Some((exit, cold)) = exit else {
+            self.note(&target.address, format!("{label} cut off by power loss"));
+            return Err(TransportError::Channel {
+                host: target.host.clone(),
+                reason: "connection lost".into(),
+            });
+        };
+        {
+            let mut j = self.journal();
+            if injected_exit.is_some() {
+                j.injected_phase_failures += 1;
+            }
+            if exit == 0 {
+                match phase {
+                    Some(SimPhase::Join) if cold => j.joins_cold += 1,
+                    Some(SimPhase::Join) => j.joins_warm += 1,
+                    Some(SimPhase::Leave) => j.leaves += 1,
+                    _ => {}
+                }
+            }
+        }
+        if let Some(old) = double_join {
+            self.violation(
+                "one-claim-per-host",
+                format!(
+                    "{} joined as {} while its kubelet still ran as {old}",
+                    target.host,
+                    env.get("KPSSH_NODE_NAME").cloned().unwrap_or_default()
+                ),
+            );
+        }
+        let node = env.get("KPSSH_NODE_NAME").cloned().unwrap_or_default();
+        let what = match phase {
+            Some(SimPhase::Join) => format!("{label} as {node} exit={exit}"),
+            _ => format!("{label} exit={exit}"),
+        };
+        self.note(&target.address, what);
+        if exit == 0 && phase == Some(SimPhase::Join) {
+            self.register_later(&target.address, env);
+        }
+        let stderr = match (exit, &token) {
+            (0, _) => vec![],
+            // A script traced with `set -x` echoes its command lines: the controller must
+            // redact the token before the text reaches an event or a status (S35).
+            (_, Some(t)) => format!("+ kubeadm join --token {t}\n{label} failed").into_bytes(),
+            (_, None) => format!("{phase:?} failed").into_bytes(),
+        };
+        Ok(CommandOutput {
+            exit_status: exit,
+            stderr,
+            ..Default::default()
+        })
     }
 }

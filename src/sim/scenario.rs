@@ -1,0 +1,445 @@
+//! Scenario files for `kpssh sim` and the fault campaigns (format: `docs/simulation.md`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::host::{Behaviour, Latency, PerPhase};
+
+/// A whole simulation: fleet, demand, faults, how long, which seed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Scenario {
+    #[serde(default = "default_name")]
+    pub name: String,
+    #[serde(default)]
+    pub seed: u64,
+    /// Virtual time simulated.
+    #[serde(with = "dur")]
+    pub duration: Duration,
+    /// Interval between invariant checks and demand updates.
+    #[serde(default = "default_step", with = "dur")]
+    pub step: Duration,
+    /// Controller probe interval (the zombie and token bounds derive from it).
+    #[serde(default = "default_probe", with = "dur")]
+    pub probe_interval: Duration,
+    pub classes: Vec<HostClass>,
+    #[serde(default)]
+    pub demand: Vec<Demand>,
+    #[serde(default)]
+    pub faults: Faults,
+}
+
+fn default_name() -> String {
+    "scenario".into()
+}
+fn default_step() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_probe() -> Duration {
+    Duration::from_secs(120)
+}
+
+/// A class of identical hosts; one SSHNodeClass selects each class.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HostClass {
+    pub name: String,
+    pub count: usize,
+    pub cpu: u32,
+    /// GiB of memory.
+    #[serde(default = "default_mem")]
+    pub memory_gib: u32,
+    /// `amd64` or `arm64`.
+    #[serde(default = "default_arch")]
+    pub arch: String,
+    /// Price of one vCPU-hour while the host is a cluster member.
+    #[serde(default = "default_price")]
+    pub price_per_cpu_hour: f64,
+    #[serde(default)]
+    pub latency: PhaseLatencies,
+    #[serde(default)]
+    pub failure: PhaseProbabilities,
+    #[serde(default)]
+    pub hang: PhaseProbabilities,
+    /// Fraction of hosts whose profile's leave only stops the kubelet (a reboot brings it
+    /// back: a zombie for the guard to catch).
+    #[serde(default)]
+    pub bad_leave_fraction: f64,
+}
+
+fn default_mem() -> u32 {
+    8
+}
+fn default_arch() -> String {
+    "amd64".into()
+}
+fn default_price() -> f64 {
+    0.02
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LatencySpec {
+    #[serde(with = "dur")]
+    pub median: Duration,
+    #[serde(with = "dur")]
+    pub p95: Duration,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseLatencies {
+    pub install: LatencySpec,
+    pub join: LatencySpec,
+    pub leave: LatencySpec,
+}
+
+impl Default for PhaseLatencies {
+    fn default() -> Self {
+        let l = |m, p| LatencySpec {
+            median: Duration::from_secs(m),
+            p95: Duration::from_secs(p),
+        };
+        PhaseLatencies {
+            install: l(90, 240),
+            join: l(20, 60),
+            leave: l(10, 30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseProbabilities {
+    #[serde(default)]
+    pub install: f64,
+    #[serde(default)]
+    pub join: f64,
+    #[serde(default)]
+    pub leave: f64,
+}
+
+impl HostClass {
+    pub fn behaviour(&self) -> Behaviour {
+        let l = |s: &LatencySpec| Latency {
+            median: s.median,
+            p95: s.p95,
+        };
+        let p = |s: &PhaseProbabilities| PerPhase {
+            install: s.install,
+            join: s.join,
+            leave: s.leave,
+        };
+        Behaviour {
+            latency: PerPhase {
+                install: l(&self.latency.install),
+                join: l(&self.latency.join),
+                leave: l(&self.latency.leave),
+            },
+            fail: p(&self.failure),
+            hang: p(&self.hang),
+        }
+    }
+
+    /// The architecture as `uname -m` reports it (the probe maps it back).
+    pub fn uname_arch(&self) -> &str {
+        match self.arch.as_str() {
+            "amd64" => "x86_64",
+            "arm64" => "aarch64",
+            other => other,
+        }
+    }
+}
+
+/// Desired node count of one class over time: the sum of the parts given, or the CSV trace.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Demand {
+    /// Host class (and node class) the NodeClaims are for; default: the first class.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Requests of each NodeClaim.
+    #[serde(default = "default_cpu")]
+    pub cpu: String,
+    #[serde(default = "default_memory")]
+    pub memory: String,
+    /// Nodes wanted at all times.
+    #[serde(default)]
+    pub steady: u32,
+    #[serde(default)]
+    pub diurnal: Option<Diurnal>,
+    #[serde(default)]
+    pub bursts: Option<Bursts>,
+    /// `minute,nodes` lines (a header line is allowed); the count holds until the next line.
+    /// Replaces steady, diurnal and bursts. A path in the scenario file is relative to it.
+    #[serde(default)]
+    pub csv: Option<String>,
+}
+
+fn default_cpu() -> String {
+    "1".into()
+}
+fn default_memory() -> String {
+    "1Gi".into()
+}
+
+/// A cosine day: `amplitude` more nodes at `peakHour`, none at the opposite hour.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Diurnal {
+    pub amplitude: u32,
+    #[serde(default = "default_peak")]
+    pub peak_hour: f64,
+}
+
+fn default_peak() -> f64 {
+    14.0
+}
+
+/// Bursts of `size` extra nodes for `duration`, arriving at `ratePerHour` (Poisson).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Bursts {
+    pub rate_per_hour: f64,
+    pub size: u32,
+    #[serde(with = "dur")]
+    pub duration: Duration,
+}
+
+/// A host fault: how often it strikes one host, and how long it lasts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HostFault {
+    pub rate_per_host_hour: f64,
+    #[serde(default = "default_fault_duration", with = "dur")]
+    pub duration: Duration,
+}
+
+fn default_fault_duration() -> Duration {
+    Duration::from_secs(300)
+}
+
+/// A fleet-wide fault: how often per virtual hour.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Rate {
+    pub rate_per_hour: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Faults {
+    /// Reboot: down for `duration`, then services come back if enabled.
+    #[serde(default)]
+    pub reboot: Option<HostFault>,
+    /// Power loss: down (kubelet gone, commands cut off) for `duration`, then a cold boot.
+    #[serde(default)]
+    pub power_loss: Option<HostFault>,
+    /// sshd refuses connections for `duration`; the machine keeps running.
+    #[serde(default)]
+    pub ssh_refusal: Option<HostFault>,
+    /// The host presents another key for `duration` (a re-key that was then rolled back).
+    #[serde(default)]
+    pub host_key_change: Option<HostFault>,
+    /// Every handshake takes `delay` longer for `duration`.
+    #[serde(default)]
+    pub slow_handshake: Option<SlowHandshake>,
+    /// The controller process dies (every actor, mid-phase included) and restarts.
+    #[serde(default)]
+    pub controller_crash: Option<Rate>,
+    /// A NodeClaim is force-deleted: finalizers stripped, then deleted.
+    #[serde(default)]
+    pub force_delete: Option<Rate>,
+    /// The join profile's version is bumped (every host becomes cold).
+    #[serde(default)]
+    pub profile_bump: Option<Rate>,
+    /// Probability that any controller write fails with a 409 conflict.
+    #[serde(default)]
+    pub api_conflict: f64,
+    /// Probability that any controller write fails with a transient (5xx) error.
+    #[serde(default)]
+    pub api_transient: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SlowHandshake {
+    pub rate_per_host_hour: f64,
+    #[serde(default = "default_fault_duration", with = "dur")]
+    pub duration: Duration,
+    #[serde(default = "default_delay", with = "dur")]
+    pub delay: Duration,
+}
+
+fn default_delay() -> Duration {
+    Duration::from_secs(45)
+}
+
+impl Scenario {
+    pub fn from_yaml(text: &str) -> Result<Scenario, String> {
+        let s: Scenario = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.classes.is_empty() {
+            return Err("classes: at least one host class is required".into());
+        }
+        let mut names = BTreeMap::new();
+        for c in &self.classes {
+            if names.insert(c.name.clone(), ()).is_some() {
+                return Err(format!("classes: {} appears twice", c.name));
+            }
+            let ok = !c.name.is_empty()
+                && c.name.len() <= 50
+                && c.name
+                    .chars()
+                    .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-');
+            if !ok {
+                return Err(format!(
+                    "classes: name {:?} must be lower-case letters, digits and '-'",
+                    c.name
+                ));
+            }
+            if c.cpu == 0 {
+                return Err(format!("classes: {} needs cpu > 0", c.name));
+            }
+        }
+        for d in &self.demand {
+            if let Some(c) = &d.class
+                && !names.contains_key(c)
+            {
+                return Err(format!("demand: unknown class {c}"));
+            }
+        }
+        if self.step.is_zero() || self.duration.is_zero() {
+            return Err("duration and step must be positive".into());
+        }
+        Ok(())
+    }
+
+    pub fn hosts(&self) -> usize {
+        self.classes.iter().map(|c| c.count).sum()
+    }
+
+    /// The scenario `kpssh sim` runs without `--scenario`: a few hundred hosts in three
+    /// classes, a virtual day of diurnal demand with bursts, and a few faults.
+    pub fn builtin() -> Scenario {
+        Scenario::from_yaml(BUILTIN).unwrap_or_else(|e| unreachable_builtin(&e))
+    }
+}
+
+#[allow(clippy::panic)]
+fn unreachable_builtin(e: &str) -> Scenario {
+    panic!("the built-in scenario does not parse: {e}")
+}
+
+/// The built-in scenario (also `examples/sim/day.yaml`).
+pub const BUILTIN: &str = include_str!("../../examples/sim/day.yaml");
+
+/// Parse `90s`, `5m`, `1h30m`, `2d`, `250ms`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total = Duration::ZERO;
+    let mut num = String::new();
+    let mut chars = t.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            num.push(c);
+            continue;
+        }
+        let mut unit = c.to_string();
+        if c == 'm' && chars.peek() == Some(&'s') {
+            unit.push('s');
+            chars.next();
+        }
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("{text:?}: expected a number before {unit:?}"))?;
+        num.clear();
+        let secs = match unit.as_str() {
+            "ms" => n / 1000.0,
+            "s" => n,
+            "m" => n * 60.0,
+            "h" => n * 3600.0,
+            "d" => n * 86400.0,
+            _ => return Err(format!("{text:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
+        };
+        total += Duration::from_secs_f64(secs);
+    }
+    if !num.is_empty() {
+        return Err(format!("{text:?}: a unit is required (ms, s, m, h, d)"));
+    }
+    Ok(total)
+}
+
+/// Format a duration the way `parse_duration` reads it.
+pub fn format_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    if d.subsec_millis() != 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    let (h, m, sec) = (s / 3600, (s % 3600) / 60, s % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if sec > 0 || out.is_empty() {
+        out.push_str(&format!("{sec}s"));
+    }
+    out
+}
+
+mod dur {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Secs(f64),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Text(t) => parse_duration(&t).map_err(serde::de::Error::custom),
+            Raw::Secs(n) if n >= 0.0 => Ok(Duration::from_secs_f64(n)),
+            Raw::Secs(_) => Err(serde::de::Error::custom("negative duration")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_and_format() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86400)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("5x").is_err());
+        assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+    }
+
+    #[test]
+    fn builtin_scenario_parses() {
+        let s = Scenario::builtin();
+        assert!(s.hosts() >= 200, "a few hundred hosts");
+        assert_eq!(s.duration, Duration::from_secs(86400));
+    }
+}
