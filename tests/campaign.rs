@@ -50,35 +50,17 @@ fn campaign(scenario: &Scenario, first: u64, seeds: u64) -> Vec<Summary> {
     runs
 }
 
-/// Actor-core bugs this campaign found (src/actors is not the simulation's to change). Each is
-/// reported with a reproducing seed; the campaign counts them but fails only on anything
-/// else, unless `KPSSH_CAMPAIGN_STRICT=1`.
-const KNOWN_CORE_BUGS: &[(&str, &str, &str)] = &[
-    (
-        "node-deleted-after-kubelet-stopped",
-        "after a failed leave",
-        "router::terminate deletes the Node after a release whose leave failed (S24 path) \
-         while the kubelet still runs (campaign.yaml seed 4 at 3310s, seed 7 at 916s)",
-    ),
-    (
-        "token-lifetime",
-        "its node registered",
-        "host::registration::node_seen gives up after one failed API write: the host stays \
-         Claimed with its bootstrap token until a controller restart (seed 4 at 330s)",
-    ),
-    (
-        "token-lifetime",
-        "no host records it",
-        "host::launch::fail ignores a failed token delete, then clears bootstrapTokenID: the \
-         token Secret is orphaned (seed 7 at 2130s)",
-    ),
-    (
-        "claim-launched-in-time",
-        "is not launched",
-        "host::launch::report_launched is not retried after a failed API write: the node \
-         joins and the host goes InUse, but the NodeClaim never gets Launched (seed 2 at 945s)",
-    ),
-];
+/// Actor-core bugs this campaign found and that are still open. Each is reported with a
+/// reproducing seed; the campaign counts them but fails only on anything else, unless
+/// `KPSSH_CAMPAIGN_STRICT=1`. (Four earlier entries — Node deleted after a failed leave,
+/// registration not re-checked, Launched not retried, token orphaned by a failed release —
+/// were fixed in the actor core and are no longer tolerated.)
+const KNOWN_CORE_BUGS: &[(&str, &str, &str)] = &[(
+    "token-lifetime",
+    "its NodeClaim is gone",
+    "a bootstrap token outlives its force-deleted NodeClaim by more than one probe interval \
+     (campaign.yaml seed 34 at 2040s); not yet diagnosed",
+)];
 
 fn known(v: &str) -> Option<&'static str> {
     KNOWN_CORE_BUGS

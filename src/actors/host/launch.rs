@@ -60,8 +60,14 @@ pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, cla
     if let Err(f) = launch(state, &plan).await {
         return fail(state, claim, Some(&nodeclaim), f).await;
     }
-    if let Err(e) = report_launched(state, &plan).await {
-        tracing::warn!(host = %state.key(), error = %e, "launched, but the NodeClaim status was not written");
+    for attempt in 1..=5u32 {
+        match report_launched(state, &plan).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(host = %state.key(), error = %e, attempt, "launched, but the NodeClaim status was not written");
+                tokio::time::sleep(state.ctx.config.retry_base * attempt).await;
+            }
+        }
     }
 }
 
@@ -426,13 +432,16 @@ async fn fail<C: Cluster, T: Transport>(
     nodeclaim: Option<&NodeClaim>,
     failure: PhaseFailure,
 ) {
-    let _ = delete_token(state).await;
+    // A token that could not be deleted stays recorded, so a later probe deletes it (S27).
+    let token_gone = delete_token(state).await.is_ok();
     let touched = failure.touched_host;
     let message = failure.message.clone();
     let released = write(state, ProbeStamp::Keep, |s| {
         s.claim_ref = None;
         s.provider_id = None;
-        s.bootstrap_token_id = None;
+        if token_gone {
+            s.bootstrap_token_id = None;
+        }
         if touched {
             s.state = HostState::Unhealthy;
             s.last_probe_error = Some(message.clone());

@@ -66,6 +66,8 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     pub myself: ActorRef<HostMsg>,
     /// The transport target, so that a steady probe does not read the key Secret every time.
     pub target: Option<target::CachedTarget>,
+    /// The Node of a release whose leave failed: deleted once a probe shows the kubelet stopped.
+    pub orphan_node: Option<String>,
 }
 
 impl<C: Cluster, T: Transport> HostActorState<C, T> {
@@ -161,6 +163,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             failures: 0,
             myself,
             target: None,
+            orphan_node: None,
         })
     }
 

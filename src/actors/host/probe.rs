@@ -163,8 +163,16 @@ async fn record_success<C: Cluster, T: Transport>(
     if zombie {
         registration::zombie_check(state).await?;
     }
-    if state.state() == HostState::InUse {
-        registration::collect_token(state).await?;
+    match state.state() {
+        HostState::InUse => registration::collect_token(state).await?,
+        // A registration whose recording failed earlier: look for the Node again.
+        HostState::Claimed => registration::recheck_registration(state).await?,
+        // A token a failed release could not delete (S27: never orphaned).
+        HostState::Available | HostState::Unhealthy | HostState::Pending => {
+            registration::collect_token(state).await?;
+            registration::cleanup_orphan_node(state, report.facts.kubelet_active).await?;
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -97,6 +97,38 @@ pub async fn delete_token<C: Cluster, T: Transport>(
         .map(|_| ())
 }
 
+/// A Claimed host whose Node may have registered while recording it failed (S37, S27).
+pub async fn recheck_registration<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<(), ClusterError> {
+    let Some(claim) = state.host.claim().cloned() else {
+        return Ok(());
+    };
+    if let Some(node) = state.ctx.cluster.get::<Node>(None, &claim.name).await? {
+        try_node_seen(state, &node).await?;
+    }
+    Ok(())
+}
+
+/// After a release whose leave failed, the Node is kept (its kubelet may still run). Once a
+/// probe shows the kubelet stopped, delete it; a running kubelet is the zombie guard's.
+pub async fn cleanup_orphan_node<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    kubelet_active: bool,
+) -> Result<(), ClusterError> {
+    if kubelet_active {
+        return Ok(());
+    }
+    let Some(name) = state.orphan_node.clone() else {
+        return Ok(());
+    };
+    if let Some(node) = state.ctx.cluster.get::<Node>(None, &name).await? {
+        delete_node(state, &node).await?;
+    }
+    state.orphan_node = None;
+    Ok(())
+}
+
 /// A Node appeared or changed: if it is this host's claim's node, the host is InUse (S37) and
 /// its token can go (S27). Adopt mode takes the Node's provider ID (S21).
 pub async fn node_seen<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, node: &Node) {

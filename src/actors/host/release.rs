@@ -3,12 +3,13 @@
 
 use super::HostActorState;
 use super::probe::write;
-use super::registration::{delete_token, leave};
+use super::registration::{delete_node, delete_token, leave};
 use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::{ClaimRef, HostState};
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
+use k8s_openapi::api::core::v1::Node;
 
 pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, claim: &ClaimRef) {
     for _ in 0..3 {
@@ -40,6 +41,13 @@ async fn try_release<C: Cluster, T: Transport>(
     let outcome = leave(state).await;
     delete_token(state).await?;
     let failure = outcome.as_ref().err().map(|f| f.message.clone());
+    if failure.is_some() {
+        // The kubelet may still run: the Node stays until a probe shows it stopped.
+        state.orphan_node = Some(claim.name.clone());
+    } else if let Some(node) = state.ctx.cluster.get::<Node>(None, &claim.name).await? {
+        // Leave stopped the kubelet, so the Node can go now and will not come back (S40).
+        delete_node(state, &node).await?;
+    }
     write(state, ProbeStamp::Keep, |s| {
         s.claim_ref = None;
         s.provider_id = None;

@@ -226,8 +226,8 @@ async fn reconcile<C: Cluster, T: Transport>(state: &mut RouterState<C, T>, name
     }
 }
 
-/// Release the host (once), and when it no longer holds the claim, delete the Node (its
-/// kubelet was stopped by leave) and drop the finalizer.
+/// Release the host (once, after the drain); when it no longer holds the claim, drop the
+/// finalizer. The host itself deletes the Node once leave stopped its kubelet.
 async fn terminate<C: Cluster, T: Transport>(
     state: &mut RouterState<C, T>,
     nc: &NodeClaim,
@@ -253,12 +253,10 @@ async fn terminate<C: Cluster, T: Transport>(
         state.waiting.insert(name);
         return Ok(());
     }
-    let cluster = &state.ctx.cluster;
-    if let Some(node) = cluster.get::<Node>(None, &name).await? {
-        finalizers::set(cluster, &node, TERMINATION_FINALIZER, false).await?;
-        cluster.delete::<Node>(None, &name, None).await?;
-    }
-    finalizers::set(cluster, nc, TERMINATION_FINALIZER, false).await
+    // The host deleted the Node after a successful leave; after a failed one it keeps it until
+    // the kubelet is seen stopped. Either way the NodeClaim may go now.
+    finalizers::set(&state.ctx.cluster, nc, TERMINATION_FINALIZER, false).await?;
+    Ok(())
 }
 
 fn drained(nc: &NodeClaim) -> bool {
