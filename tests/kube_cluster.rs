@@ -12,14 +12,14 @@ use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Secret};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kpssh::api::host::SecretRef;
-use kpssh::api::{HostState, SSHHost, SSHHostSpec, SSHHostStatus, crds};
+use kpssh::api::{HostState, SSHHost, SSHHostStatus, crds};
 use kpssh::k8s::{
     Cluster, ClusterError, DeleteOutcome, EvictOutcome, KubeCluster, Precondition, WatchEvent,
 };
+use kpssh::sim::SimHost;
+use kpssh::sim::world::host_object;
 use kube::api::ObjectMeta;
 use serde_json::json;
 
@@ -43,26 +43,12 @@ async fn cluster(ns: &str) -> KubeCluster {
 }
 
 fn host(ns: &str, name: &str) -> SSHHost {
-    let mut h = SSHHost::new(
+    host_object(
+        ns,
         name,
-        SSHHostSpec {
-            address: "10.0.0.1".into(),
-            port: 22,
-            user: "root".into(),
-            ssh_key_secret_ref: SecretRef { name: "key".into() },
-            node_address: None,
-            capacity: BTreeMap::from([
-                ("cpu".into(), Quantity("2".into())),
-                ("memory".into(), Quantity("4Gi".into())),
-            ]),
-            exec_mode: Default::default(),
-            trusted_signers: None,
-            shim_command: "/opt/kpssh/kpssh-shim".into(),
-            proxy_jump: None,
-        },
-    );
-    h.metadata.namespace = Some(ns.into());
-    h
+        "default",
+        &SimHost::new("10.0.0.1", 2, 4 * 1024 * 1024),
+    )
 }
 
 #[tokio::test]

@@ -5,15 +5,15 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kpssh::api::host::SecretRef;
-use kpssh::api::{HostState, SSHHost, SSHHostSpec, SSHHostStatus};
+use kpssh::api::{HostState, SSHHost, SSHHostStatus};
 use kpssh::clock::Clock;
 use kpssh::k8s::{
     Cluster, ClusterError, DeleteOutcome, EvictOutcome, MemoryCluster, Precondition, WatchEvent,
 };
+use kpssh::sim::SimHost;
+use kpssh::sim::world::host_object;
 use kube::api::ObjectMeta;
 use kube::core::Selector;
 use serde_json::json;
@@ -27,30 +27,12 @@ fn cluster() -> MemoryCluster {
 }
 
 fn host(name: &str, class: &str) -> SSHHost {
-    let mut h = SSHHost::new(
+    host_object(
+        NS,
         name,
-        SSHHostSpec {
-            address: format!("10.0.0.{}", name.len()),
-            port: 22,
-            user: "root".into(),
-            ssh_key_secret_ref: SecretRef { name: "key".into() },
-            node_address: None,
-            capacity: BTreeMap::from([
-                ("cpu".into(), Quantity("4".into())),
-                ("memory".into(), Quantity("8Gi".into())),
-            ]),
-            exec_mode: Default::default(),
-            trusted_signers: None,
-            shim_command: "/opt/kpssh/kpssh-shim".into(),
-            proxy_jump: None,
-        },
-    );
-    h.metadata.namespace = Some(NS.into());
-    h.metadata.labels = Some(BTreeMap::from([(
-        "karpenter.dklesev.github.io/host-class".into(),
-        class.into(),
-    )]));
-    h
+        class,
+        &SimHost::new(&format!("10.0.0.{}", name.len()), 4, 8 * 1024 * 1024),
+    )
 }
 
 #[tokio::test]
