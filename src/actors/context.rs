@@ -167,7 +167,7 @@ impl HostView {
 
 /// resourceVersion as a number for ordering; the API server's are opaque, but etcd's and the
 /// in-memory store's are monotonically increasing integers.
-fn rv(h: &SSHHost) -> u64 {
+pub(crate) fn rv(h: &SSHHost) -> u64 {
     h.metadata
         .resource_version
         .as_deref()

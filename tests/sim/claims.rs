@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Secret as KubeSecret, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint};
 use kpssh::api::{HostState, MAINTENANCE_ANNOTATION, NodeClaim, SSHHost, SSHJoinProfile};
 use kpssh::k8s::{Cluster, Precondition};
 use kpssh::sim::world::{World, node_claim};
@@ -27,12 +27,7 @@ async fn holder(w: &World, nc: &str) -> Option<String> {
 }
 
 async fn tokens(w: &World) -> usize {
-    let s: Vec<KubeSecret> = w
-        .cluster
-        .list(Some("kube-system"), None)
-        .await
-        .expect("secrets");
-    s.len()
+    super::token_secrets(w).await.len()
 }
 
 async fn two_classes(w: &World) {

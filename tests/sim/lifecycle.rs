@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kpssh::api::nodeclass::ProviderIdSource;
 use kpssh::api::{HostState, NodeClaim, SSHHost, SSHNodeClass};
 use kpssh::k8s::Cluster;
@@ -11,16 +11,7 @@ use kpssh::sim::world::node_claim;
 use kpssh::sim::{SimHost, SimPhase};
 use kube::api::ObjectMeta;
 
-use super::{MINUTE, reasons, wait_state, world};
-
-async fn tokens(w: &kpssh::sim::world::World) -> Vec<String> {
-    let s: Vec<KubeSecret> = w
-        .cluster
-        .list(Some("kube-system"), None)
-        .await
-        .expect("secrets");
-    s.into_iter().filter_map(|s| s.metadata.name).collect()
-}
+use super::{MINUTE, reasons, token_secrets as tokens, wait_state, world};
 
 #[tokio::test(start_paused = true)]
 async fn s20_restart_mid_join_resumes_same_host_and_token() {

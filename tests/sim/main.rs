@@ -51,6 +51,16 @@ pub async fn wait_state(w: &World, host: &str, state: HostState, limit: Duration
     h
 }
 
+/// Names of the bootstrap-token Secrets in kube-system.
+pub async fn token_secrets(w: &World) -> Vec<String> {
+    let s: Vec<k8s_openapi::api::core::v1::Secret> = w
+        .cluster
+        .list(Some("kube-system"), None)
+        .await
+        .expect("secrets");
+    s.into_iter().filter_map(|s| s.metadata.name).collect()
+}
+
 pub fn reasons(w: &World) -> Vec<String> {
     w.cluster.events().into_iter().map(|e| e.reason).collect()
 }

@@ -77,13 +77,7 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
 
     /// Adopt a newer object (our own write, or a watch event), never an older one.
     pub fn observe(&mut self, host: SSHHost) {
-        let rv = |h: &SSHHost| -> u64 {
-            h.metadata
-                .resource_version
-                .as_deref()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0)
-        };
+        use crate::actors::context::rv;
         if rv(&host) >= rv(&self.host) {
             self.host = host.clone();
             self.ctx.hosts.upsert(host);
