@@ -1,7 +1,7 @@
 //! `Router`: turns NodeClaim events into host actor messages. A new NodeClaim for an
 //! SSHNodeClass gets a host (compare-and-swap of the claim, then `Launch`); a NodeClaim being
-//! deleted gets `Release` on the host that holds it (fenced by name and UID), then its Node is
-//! deleted and its finalizer removed.
+//! deleted gets `Release` on the host that holds it (fenced by name and UID) once drained, then
+//! its finalizer is removed; the host deletes the Node after leave stopped its kubelet.
 
 pub mod choose;
 pub mod instance_types;
