@@ -275,6 +275,36 @@ async fn exit_codes_stdin_and_stderr() {
     assert_eq!(sh(&t, &tg, "kill -TERM $$").await.exit_status, 128 + 15);
 }
 
+// A command that exits without reading a large stdin leaves data queued behind the host's
+// window; the call must still return at the exit every time (it once hung on the channel close
+// about one time in ten), and the host must stay usable.
+#[tokio::test]
+async fn unread_stdin_never_hangs_the_call() {
+    let (sshd, key) = setup();
+    let t = transport();
+    let tg = target(&sshd, &key);
+    for round in 0..15 {
+        let started = Instant::now();
+        let out = tokio::time::timeout(
+            secs(30),
+            t.exec(
+                &tg,
+                RemoteCommand::new("exit 0", secs(20)).with_stdin(vec![b'x'; 10 << 20]),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the call hung"))
+        .expect("exec");
+        assert_eq!(out.exit_status, 0);
+        assert!(
+            started.elapsed() < secs(5),
+            "round {round}: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(sh(&t, &tg, "exit 7").await.exit_status, 7, "round {round}");
+    }
+}
+
 #[tokio::test]
 async fn command_timeout_returns_promptly_and_kills_the_remote_process() {
     let (sshd, key) = setup();

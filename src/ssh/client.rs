@@ -516,7 +516,7 @@ impl RusshTransport {
         target: &HostTarget,
         conn: &Connection,
         cmd: &RemoteCommand,
-    ) -> Result<CommandOutput, RunError> {
+    ) -> Result<Finished, RunError> {
         let host = target.host.as_str();
         let deadline = Instant::now() + cmd.timeout;
         // A pooled connection to a host that silently went away hangs here: bound the open
@@ -544,9 +544,20 @@ impl RusshTransport {
         )
         .await;
         match result {
-            Ok(r) => {
-                let _ = write.close().await;
-                r.map_err(RunError::Failed)
+            Ok(Ok((out, fed))) => {
+                // A command that exited without reading all of its stdin leaves data queued
+                // behind the remote window; russh then holds the close back (and can block on
+                // it) and the host keeps the channel open. Bound the close and retire such a
+                // connection, so that no call waits on it and the host frees the session.
+                let closed = fed && timeout(TEARDOWN_WAIT, write.close()).await.is_ok();
+                Ok(Finished {
+                    out,
+                    reusable: closed,
+                })
+            }
+            Ok(Err(e)) => {
+                let _ = timeout(TEARDOWN_WAIT, write.close()).await;
+                Err(RunError::Failed(e))
             }
             Err(_) => {
                 // Kill the remote processes (marker kill, then an SSH `signal` request, which
@@ -583,7 +594,7 @@ impl RusshTransport {
         write: &ChannelWriteHalf<Msg>,
         command: &str,
         stdin: &[u8],
-    ) -> Result<CommandOutput, TransportError> {
+    ) -> Result<(CommandOutput, bool), TransportError> {
         write
             .exec(true, command.as_bytes())
             .await
@@ -645,7 +656,7 @@ impl RusshTransport {
         let mut fed = false;
         loop {
             tokio::select! {
-                result = &mut collect => return result,
+                result = &mut collect => return result.map(|out| (out, fed)),
                 () = &mut feed, if !fed => fed = true,
             }
         }
@@ -698,6 +709,13 @@ exit 0
         }
     }
     let _ = write.close().await;
+}
+
+/// A command that ran to its exit.
+struct Finished {
+    out: CommandOutput,
+    /// False when the channel could not be closed cleanly: the connection is retired.
+    reusable: bool,
 }
 
 enum RunError {
@@ -771,7 +789,13 @@ impl RusshTransport {
             let result = self.run(target, &conn, &cmd).await;
             self.pool.touch(&target.host);
             match result {
-                Ok(out) => return Ok((out, conn.fingerprint.clone())),
+                Ok(Finished { out, reusable }) => {
+                    if !reusable {
+                        debug!(host = %target.host, "retiring a connection whose channel did not close cleanly");
+                        self.pool.forget_if(&target.host, &conn);
+                    }
+                    return Ok((out, conn.fingerprint.clone()));
+                }
                 Err(RunError::Open(e)) => {
                     self.pool.forget_if(&target.host, &conn);
                     // A reused connection may have died silently: nothing ran, dial once more.
