@@ -13,6 +13,11 @@ KPSSH_CONTROLPLANE_DIR=$(scripts/controlplane.sh | tail -n 1)
 export KPSSH_CONTROLPLANE_DIR
 echo "control plane: $KPSSH_CONTROLPLANE_DIR" >&2
 
+step "helm (built once from its Go module, cached under ~/.cache/kpssh)"
+KPSSH_HELM=$(scripts/helm.sh | tail -n 1)
+export KPSSH_HELM
+echo "helm: $KPSSH_HELM" >&2
+
 step "lint: rustfmt, clippy, shellcheck"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

@@ -1,0 +1,1028 @@
+//! The Helm chart `charts/kpssh`, checked with the real `helm` (built by scripts/helm.sh) and the
+//! real kube-apiserver: lint, render with defaults and with every optional object, assertions on
+//! the rendered objects, server-side dry-run of every object, and the chart's RBAC applied for
+//! real with the controller binary running under the chart's service account identity.
+
+#[path = "support/controlplane.rs"]
+mod controlplane;
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use controlplane::ControlPlane;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kpssh::api::{SSHHost, SSHJoinProfile, crds};
+use kpssh::k8s::{Cluster, ClusterError, KubeCluster};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kpssh");
+/// Every optional object of the chart switched on.
+const ALL_ON: &[&str] = &[
+    "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "networkPolicy.enabled=true",
+    "podDisruptionBudget.enabled=true",
+];
+/// A bound on every helm invocation.
+const HELM_LIMIT: Duration = Duration::from_secs(120);
+
+/// The helm binary: `KPSSH_HELM` (exported by scripts/test.sh), else built by scripts/helm.sh.
+fn helm() -> &'static Path {
+    static HELM: OnceLock<PathBuf> = OnceLock::new();
+    HELM.get_or_init(|| {
+        if let Some(p) = std::env::var_os("KPSSH_HELM") {
+            return PathBuf::from(p);
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/helm.sh");
+        let out = Command::new("timeout")
+            .args(["1800", script])
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("{script}: {e}"));
+        assert!(out.status.success(), "{script} failed: {:?}", out.status);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout
+            .lines()
+            .last()
+            .unwrap_or_else(|| panic!("{script} printed nothing"));
+        PathBuf::from(last.trim())
+    })
+}
+
+/// Runs helm under a time limit; Ok(stdout) or Err(stderr).
+fn run_helm(args: &[&str]) -> Result<String, String> {
+    let mut child = Command::new(helm())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", helm().display()));
+    let deadline = Instant::now() + HELM_LIMIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for helm") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("helm {args:?} ran longer than {HELM_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    if let Some(mut s) = child.stdout.take() {
+        s.read_to_string(&mut out).expect("helm stdout");
+    }
+    if let Some(mut s) = child.stderr.take() {
+        s.read_to_string(&mut err).expect("helm stderr");
+    }
+    if status.success() { Ok(out) } else { Err(err) }
+}
+
+/// `helm template <release> charts/kpssh -n <ns> --set …`, parsed into objects.
+fn render(release: &str, ns: &str, set: &[&str]) -> Result<Vec<Value>, String> {
+    let mut args = vec!["template", release, CHART, "--namespace", ns];
+    for s in set {
+        args.extend(["--set", s]);
+    }
+    let text = run_helm(&args)?;
+    Ok(parse_docs(&text))
+}
+
+fn parse_docs(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{text}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(objs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objs.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn one<'a>(objs: &'a [Value], kind: &str) -> &'a Value {
+    let found = of_kind(objs, kind);
+    assert_eq!(found.len(), 1, "expected one {kind}, got {}", found.len());
+    found[0]
+}
+
+fn kinds(objs: &[Value]) -> Vec<String> {
+    let mut k: Vec<String> = objs
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap_or("?").to_string())
+        .collect();
+    k.sort();
+    k
+}
+
+fn strings(v: &Value) -> BTreeSet<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn helm_lint_passes_with_defaults_and_every_optional_object() {
+    run_helm(&["lint", "--strict", CHART]).unwrap_or_else(|e| panic!("helm lint: {e}"));
+    let mut args = vec!["lint", "--strict", CHART];
+    for s in ALL_ON {
+        args.extend(["--set", s]);
+    }
+    run_helm(&args).unwrap_or_else(|e| panic!("helm lint (all on): {e}"));
+}
+
+#[test]
+fn defaults_render_a_hardened_single_controller() {
+    let objs = render("kpssh", "kpssh-system", &[]).expect("render");
+    let mut want = vec![
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Role",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    want.sort();
+    assert_eq!(
+        kinds(&objs),
+        want,
+        "optional objects must be off by default"
+    );
+
+    let dep = one(&objs, "Deployment");
+    assert_eq!(dep["spec"]["replicas"], 1);
+    assert_eq!(dep["spec"]["strategy"]["type"], "Recreate");
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert!(pod["securityContext"]["runAsUser"].as_i64().unwrap_or(0) > 0);
+    // Shutdown grace 60 s plus 15 s, so SIGKILL never cuts a phase the controller still allows.
+    assert_eq!(pod["terminationGracePeriodSeconds"], 75);
+    let c = &pod["containers"][0];
+    assert_eq!(c["args"], json!(["controller"]));
+    let sc = &c["securityContext"];
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // The controller stays off nodes any Karpenter manages (they can be drained by it).
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert_eq!(
+        terms,
+        &json!([{"matchExpressions": [{"key": "karpenter.sh/nodepool", "operator": "DoesNotExist"}]}])
+    );
+
+    // Every KPSSH_* variable the chart sets is one `kpssh controller` reads.
+    let help = Command::new(env!("CARGO_BIN_EXE_kpssh"))
+        .args(["controller", "--help"])
+        .output()
+        .expect("kpssh controller --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let env = c["env"].as_array().expect("env");
+    let mut names = Vec::new();
+    for e in env {
+        let name = e["name"].as_str().expect("env name");
+        if name.starts_with("KPSSH_") {
+            assert!(
+                help.contains(&format!("[env: {name}=")),
+                "`kpssh controller` has no flag reading {name}:\n{help}"
+            );
+            names.push(name);
+        }
+    }
+    assert_eq!(names.len(), 9, "{names:?}");
+    let pool = env
+        .iter()
+        .find(|e| e["name"] == "KPSSH_POOL_NAMESPACE")
+        .expect("pool namespace");
+    assert_eq!(
+        pool["value"], "kpssh-system",
+        "defaults to the release namespace"
+    );
+    assert_eq!(
+        c["ports"][0]["containerPort"].as_i64(),
+        env.iter()
+            .find(|e| e["name"] == "KPSSH_METRICS_ADDR")
+            .and_then(|e| e["value"].as_str())
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok()),
+    );
+}
+
+#[test]
+fn rbac_is_least_privilege() {
+    let objs = render("kp", "ops", &["poolNamespace=fleet"]).expect("render");
+    let cluster_role = one(&objs, "ClusterRole");
+    let rules = cluster_role["rules"].as_array().expect("rules");
+    let verbs_for = |group: &str, resource: &str| -> BTreeSet<String> {
+        rules
+            .iter()
+            .filter(|r| strings(&r["apiGroups"]).contains(group))
+            .filter(|r| strings(&r["resources"]).contains(resource))
+            .flat_map(|r| strings(&r["verbs"]))
+            .collect()
+    };
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    for r in rules {
+        assert!(!strings(&r["verbs"]).contains("*"), "wildcard verb: {r}");
+        assert!(
+            !strings(&r["resources"]).contains("*"),
+            "wildcard resource: {r}"
+        );
+        assert!(
+            !strings(&r["apiGroups"]).contains("*"),
+            "wildcard group: {r}"
+        );
+    }
+    // No Secret or ConfigMap access cluster-wide: those are in namespaced Roles only.
+    assert!(verbs_for("", "secrets").is_empty());
+    assert!(verbs_for("", "configmaps").is_empty());
+    let g = "karpenter.dklesev.github.io";
+    // SSHHost spec: read-only; status writable.
+    assert_eq!(verbs_for(g, "sshhosts"), set(&["get", "list", "watch"]));
+    assert_eq!(
+        verbs_for(g, "sshhosts/status"),
+        set(&["get", "update", "patch"])
+    );
+    // SSHJoinProfile: read plus patch for the finalizer (the spec guard below covers spec).
+    assert_eq!(
+        verbs_for(g, "sshjoinprofiles"),
+        set(&["get", "list", "watch", "patch"])
+    );
+    assert!(verbs_for(g, "sshjoinprofiles/status").is_empty());
+    assert_eq!(
+        verbs_for(g, "sshnodeclasses/status"),
+        set(&["get", "update", "patch"])
+    );
+    assert_eq!(
+        verbs_for("karpenter.sh", "nodepools"),
+        set(&["get", "list", "watch"])
+    );
+    assert_eq!(
+        verbs_for("karpenter.sh", "nodeclaims"),
+        set(&["get", "list", "watch", "create", "patch", "delete"])
+    );
+    assert_eq!(verbs_for("", "pods/eviction"), set(&["create"]));
+    assert!(!verbs_for("", "pods").contains("create"));
+    assert!(verbs_for("coordination.k8s.io", "leases").is_empty());
+
+    let roles = of_kind(&objs, "Role");
+    let role_in = |ns: &str| -> &Value {
+        let found: Vec<_> = roles
+            .iter()
+            .filter(|r| r["metadata"]["namespace"] == ns)
+            .collect();
+        assert_eq!(found.len(), 1, "one Role in {ns}");
+        found[0]
+    };
+    let pool = role_in("fleet");
+    assert_eq!(
+        pool["rules"],
+        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
+    );
+    let tokens = role_in("kube-system");
+    assert_eq!(tokens["rules"].as_array().map(Vec::len), Some(1));
+    assert_eq!(strings(&tokens["rules"][0]["resources"]), set(&["secrets"]));
+    assert_eq!(
+        strings(&tokens["rules"][0]["verbs"]),
+        set(&["get", "create", "delete"])
+    );
+    let public = role_in("kube-public");
+    assert_eq!(
+        public["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"],
+                "resourceNames": ["cluster-info"], "verbs": ["get"]}])
+    );
+    // Every binding names the chart's service account in the release namespace.
+    for b in of_kind(&objs, "RoleBinding")
+        .into_iter()
+        .chain(of_kind(&objs, "ClusterRoleBinding"))
+    {
+        assert_eq!(
+            b["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "kp-kpssh", "namespace": "ops"}])
+        );
+    }
+    // The spec guard matches the same identity.
+    let vap = one(&objs, "ValidatingAdmissionPolicy");
+    let cond = vap["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .expect("expression");
+    assert!(
+        cond.contains("system:serviceaccount:ops:kp-kpssh"),
+        "{cond}"
+    );
+}
+
+#[test]
+fn every_optional_object_renders_and_affinity_is_merged() {
+    let mut set: Vec<&str> = ALL_ON.to_vec();
+    set.push("affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=example.com/ops");
+    set.push("affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists");
+    let objs = render("kpssh", "kpssh-system", &set).expect("render");
+    for kind in [
+        "ServiceMonitor",
+        "PrometheusRule",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+    ] {
+        one(&objs, kind);
+    }
+    // The user's term keeps its expression and gains the managed-node rule (terms are ORed, so
+    // the rule must be in each of them).
+    let terms = &one(&objs, "Deployment")["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert_eq!(
+        terms,
+        &json!([{"matchExpressions": [
+            {"key": "example.com/ops", "operator": "Exists"},
+            {"key": "karpenter.sh/nodepool", "operator": "DoesNotExist"}
+        ]}])
+    );
+    let np = one(&objs, "NetworkPolicy");
+    assert_eq!(np["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    let pdb = one(&objs, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let sm = one(&objs, "ServiceMonitor");
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+}
+
+#[test]
+fn pdb_refuses_settings_that_would_block_drains() {
+    let base = ["podDisruptionBudget.enabled=true"];
+    let refused: &[&[&str]] = &[
+        &["podDisruptionBudget.maxUnavailable=0"],
+        &["podDisruptionBudget.maxUnavailable=0%"],
+        &[
+            "podDisruptionBudget.maxUnavailable=null",
+            "podDisruptionBudget.minAvailable=1",
+        ],
+        &[
+            "podDisruptionBudget.maxUnavailable=null",
+            "podDisruptionBudget.minAvailable=100%",
+        ],
+        // Both set: ambiguous, refused.
+        &["podDisruptionBudget.minAvailable=0"],
+    ];
+    for extra in refused {
+        let set: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
+        let err = render("kpssh", "kpssh-system", &set)
+            .err()
+            .unwrap_or_else(|| panic!("{set:?} must be refused"));
+        assert!(err.contains("podDisruptionBudget"), "{set:?}: {err}");
+    }
+    let accepted: &[&[&str]] = &[
+        &[],
+        &["podDisruptionBudget.maxUnavailable=2"],
+        &[
+            "podDisruptionBudget.maxUnavailable=null",
+            "podDisruptionBudget.minAvailable=0",
+        ],
+    ];
+    for extra in accepted {
+        let set: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
+        let objs = render("kpssh", "kpssh-system", &set)
+            .unwrap_or_else(|e| panic!("{set:?} must be accepted: {e}"));
+        one(&objs, "PodDisruptionBudget");
+    }
+    // A second replica would double every host operation: the schema refuses it.
+    let err = render("kpssh", "kpssh-system", &["replicas=2"]).expect_err("replicas=2");
+    assert!(err.contains("replicas"), "{err}");
+    // So does a value the controller would reject at start.
+    let err =
+        render("kpssh", "kpssh-system", &["controller.probeInterval=1.5h"]).expect_err("1.5h");
+    assert!(err.contains("probeInterval"), "{err}");
+}
+
+/// Minimal prometheus-operator CRDs, so the dry run validates the ServiceMonitor and
+/// PrometheusRule kinds, their group/version and their metadata (their specs are open).
+fn monitoring_crds() -> String {
+    let crd = |kind: &str, plural: &str| {
+        format!(
+            r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: {plural}.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names:
+    kind: {kind}
+    plural: {plural}
+    singular: {singular}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              x-kubernetes-preserve-unknown-fields: true
+"#,
+            singular = kind.to_lowercase()
+        )
+    };
+    format!(
+        "{}---\n{}",
+        crd("ServiceMonitor", "servicemonitors"),
+        crd("PrometheusRule", "prometheusrules")
+    )
+}
+
+async fn install_all_crds(cp: &ControlPlane) {
+    let yaml = format!(
+        "{}{}---\n{}",
+        crds::to_yaml(&crds::kpssh_crds()).expect("yaml"),
+        crds::to_yaml(&crds::karpenter_crds()).expect("yaml"),
+        monitoring_crds()
+    );
+    cp.install_crds(&yaml).await;
+}
+
+async fn ensure_namespace(c: &KubeCluster, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
+    match c.create(&ns).await {
+        Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {}
+        Err(e) => panic!("namespace {name}: {e}"),
+    }
+}
+
+/// Server-side apply of one rendered object; `dry_run` asks the API server to run admission
+/// and validation without persisting.
+async fn apply(client: &kube::Client, obj: &Value, dry_run: bool) -> Result<(), String> {
+    let api_version = obj["apiVersion"].as_str().expect("apiVersion");
+    let kind = obj["kind"].as_str().expect("kind");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (ar, caps) = tokio::time::timeout(Duration::from_secs(20), pinned_kind(client, &gvk))
+        .await
+        .map_err(|_| format!("discovery of {api_version} {kind} timed out"))?
+        .map_err(|e| format!("discovery of {api_version} {kind}: {e}"))?;
+    let name = obj["metadata"]["name"].as_str().expect("name");
+    let api: Api<DynamicObject> = match caps.scope {
+        Scope::Namespaced => {
+            let ns = obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{kind} {name} has no namespace"));
+            Api::namespaced_with(client.clone(), ns, &ar)
+        }
+        Scope::Cluster => Api::all_with(client.clone(), &ar),
+    };
+    let mut pp = PatchParams::apply("kpssh-chart-test").force();
+    pp.dry_run = dry_run;
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        api.patch(name, &pp, &Patch::Apply(obj)),
+    )
+    .await
+    .map_err(|_| format!("apply of {kind} {name} timed out"))?
+    .map(|_| ())
+    .map_err(|e| format!("{kind} {name}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendered_manifests_pass_server_side_dry_run() {
+    let cp = ControlPlane::shared();
+    install_all_crds(cp).await;
+    let client = cp.client().await;
+    let c = KubeCluster::new(client.clone());
+    ensure_namespace(&c, "kpssh-dry").await;
+    ensure_namespace(&c, "kube-public").await;
+    for set in [&[][..], ALL_ON] {
+        let objs = render("dry", "kpssh-dry", set).expect("render");
+        for obj in &objs {
+            apply(&client, obj, true).await.unwrap_or_else(|e| {
+                panic!("the API server refused a rendered object (set {set:?}): {e}")
+            });
+        }
+    }
+    // The dry run validates for real: a broken object is refused, not waved through.
+    let mut objs = render("dry", "kpssh-dry", ALL_ON).expect("render");
+    let dep = objs
+        .iter_mut()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("deployment");
+    dep["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsUser"] =
+        json!("not-a-number");
+    let err = apply(&client, dep, true).await.expect_err("invalid object");
+    assert!(err.contains("runAsUser"), "{err}");
+}
+
+/// `GET path` on the controller's endpoint: (status code, body), or None if it does not answer.
+async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+        Some((code, body))
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The metric sample names a Prometheus text exposition offers: a gauge `x` as `x`, a counter
+/// as `x_total`, a histogram as `x_bucket`, `x_sum` and `x_count`.
+pub fn exposed_names(exposition: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in exposition.lines() {
+        let mut words = line.split_whitespace();
+        if (words.next(), words.next()) != (Some("#"), Some("TYPE")) {
+            continue;
+        }
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let name = name.trim_end_matches("_total");
+        match kind {
+            "counter" => {
+                names.insert(format!("{name}_total"));
+            }
+            "histogram" => {
+                for suffix in ["bucket", "sum", "count"] {
+                    names.insert(format!("{name}_{suffix}"));
+                }
+            }
+            _ => {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// Every `kpssh_…` identifier in a PromQL text.
+pub fn referenced_names(promql: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = promql.as_bytes();
+    let mut i = 0;
+    while let Some(pos) = promql[i..].find("kpssh_") {
+        let start = i + pos;
+        let boundary =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        if boundary {
+            out.insert(promql[start..end].to_string());
+        }
+        i = end;
+    }
+    out
+}
+
+/// The alert expressions of the rendered PrometheusRule.
+fn alert_exprs(objs: &[Value]) -> Vec<String> {
+    one(objs, "PrometheusRule")["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r["expr"].as_str().map(str::to_string))
+        .collect()
+}
+
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The chart's RBAC and spec guard, applied for real: the controller binary, running as the
+/// chart's service account, gets through its start (every watch it needs lists and watches) and
+/// serves metrics, while everything the chart does not grant is refused by the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
+    const NS: &str = "kpssh-ops";
+    const POOL: &str = "kpssh-fleet";
+    let cp = ControlPlane::shared();
+    install_all_crds(cp).await;
+    let client = cp.client().await;
+    let admin = KubeCluster::new(client.clone());
+    for ns in [NS, POOL, "kube-public"] {
+        ensure_namespace(&admin, ns).await;
+    }
+    let mut set: Vec<&str> = ALL_ON.to_vec();
+    set.push("poolNamespace=kpssh-fleet");
+    let objs = render("rbac", NS, &set).expect("render");
+    for obj in &objs {
+        let kind = obj["kind"].as_str().unwrap_or_default();
+        if kind.contains("Role")
+            || kind.starts_with("ValidatingAdmissionPolicy")
+            || kind == "ServiceAccount"
+        {
+            apply(&client, obj, false)
+                .await
+                .unwrap_or_else(|e| panic!("apply: {e}"));
+        }
+    }
+    let user = format!("system:serviceaccount:{NS}:rbac-kpssh");
+    let groups = ["system:serviceaccounts", "system:serviceaccounts:kpssh-ops"];
+    let sa = KubeCluster::new(cp.client_for(&user, &groups).await);
+
+    // Objects the checks below touch, created by the admin.
+    let secret = |ns: &str, name: &str| -> Secret {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "stringData": {"privateKey": "not a key"}
+        }))
+        .expect("secret")
+    };
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "kube-public"},
+            "data": {"kubeconfig": "clusters: []\n"}
+        }))
+        .expect("configmap")
+    };
+    for obj in [secret(POOL, "host-key"), secret("kube-system", "unrelated")] {
+        match admin.create(&obj).await {
+            Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    for obj in [cm("cluster-info"), cm("other")] {
+        match admin.create(&obj).await {
+            Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let profile = kpssh::sim::world::sim_profile("rbac-profile", "1");
+    match admin.create(&profile).await {
+        Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+    let mut host = kpssh::sim::world::host_object(
+        POOL,
+        "rbac-host",
+        "rbac-class",
+        &kpssh::sim::SimHost::new("127.0.0.1", 2, 1),
+    );
+    // Nothing listens on port 1: the probe fails fast and the host goes Unhealthy.
+    host.spec.port = 1;
+    host.spec.ssh_key_secret_ref.name = "host-key".into();
+    match admin.create(&host).await {
+        Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+
+    let forbidden = |r: Result<(), ClusterError>, what: &str| match r {
+        Err(ClusterError::Forbidden { message, .. }) => message,
+        other => panic!("{what} must be forbidden, got {other:?}"),
+    };
+    // Secrets: get by name in the pool namespace, nothing else there.
+    let got: Option<Secret> = sa
+        .get(Some(POOL), "host-key")
+        .await
+        .expect("get pool secret");
+    assert!(got.is_some());
+    forbidden(
+        sa.list::<Secret>(Some(POOL), None).await.map(|_| ()),
+        "listing pool secrets",
+    );
+    forbidden(
+        sa.create(&secret(POOL, "planted")).await.map(|_| ()),
+        "creating a secret in the pool namespace",
+    );
+    forbidden(
+        sa.list::<Secret>(Some("kube-system"), None)
+            .await
+            .map(|_| ()),
+        "listing kube-system secrets",
+    );
+    forbidden(
+        sa.get::<Secret>(Some("default"), "anything")
+            .await
+            .map(|_| ()),
+        "reading a secret outside the pool and kube-system",
+    );
+    // Bootstrap tokens: create and delete in kube-system.
+    let token = secret("kube-system", "bootstrap-token-rbac01");
+    sa.create(&token).await.expect("create a token secret");
+    sa.delete::<Secret>(Some("kube-system"), "bootstrap-token-rbac01", None)
+        .await
+        .expect("delete a token secret");
+    // kube-public: cluster-info and nothing else.
+    let info: Option<ConfigMap> = sa
+        .get(Some("kube-public"), "cluster-info")
+        .await
+        .expect("cluster-info");
+    assert!(info.is_some());
+    forbidden(
+        sa.get::<ConfigMap>(Some("kube-public"), "other")
+            .await
+            .map(|_| ()),
+        "another kube-public ConfigMap",
+    );
+    // SSHJoinProfile: the finalizer may change, the spec may not (spec guard), no create.
+    sa.patch::<SSHJoinProfile>(
+        None,
+        "rbac-profile",
+        &json!({"metadata": {"finalizers": ["karpenter.dklesev.github.io/termination"]}}),
+    )
+    .await
+    .expect("the finalizer patch is allowed");
+    let denied = forbidden(
+        sa.patch::<SSHJoinProfile>(None, "rbac-profile", &json!({"spec": {"version": "2"}}))
+            .await
+            .map(|_| ()),
+        "a profile spec change",
+    );
+    assert!(
+        denied.contains("never their spec"),
+        "the spec guard said: {denied}"
+    );
+    forbidden(
+        sa.create(&kpssh::sim::world::sim_profile("planted", "1"))
+            .await
+            .map(|_| ()),
+        "creating a profile",
+    );
+    sa.patch::<SSHJoinProfile>(
+        None,
+        "rbac-profile",
+        &json!({"metadata": {"finalizers": []}}),
+    )
+    .await
+    .expect("the finalizer comes off again");
+    // SSHHost: no spec writes at all (RBAC), status writes allowed.
+    forbidden(
+        sa.patch::<SSHHost>(Some(POOL), "rbac-host", &json!({"spec": {"user": "admin"}}))
+            .await
+            .map(|_| ()),
+        "a host spec change",
+    );
+
+    // The controller binary under the same identity.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, cp.kubeconfig_for(&user, &groups)).expect("kubeconfig");
+    let log_path = dir.path().join("controller.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _controller = Killed(
+        Command::new(env!("CARGO_BIN_EXE_kpssh"))
+            .args([
+                "controller",
+                "--metrics-addr",
+                &addr,
+                "--probe-interval",
+                "5s",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("KPSSH_POOL_NAMESPACE", POOL)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("kpssh controller"),
+    );
+    let logs = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let metrics = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the controller did not become ready with the chart's RBAC within 60 s:\n{}",
+            logs()
+        );
+        if let Some((200, _)) = http_get(&addr, "/readyz").await {
+            // Ready means every watch delivered its first list; wait for the host's first probe
+            // to be counted too, so the pool gauge has samples.
+            if let Some((200, body)) = http_get(&addr, "/metrics").await
+                && body.contains(r#"class="rbac-class""#)
+                && body.contains(r#"kpssh_host_probe_duration_seconds_count{"#)
+            {
+                break body;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(http_get(&addr, "/healthz").await.map(|r| r.0), Some(200));
+    // The probe's status write went through (sshhosts/status), as Unhealthy: nothing listens.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let h: Option<SSHHost> = admin.get(Some(POOL), "rbac-host").await.expect("host");
+        let state = h.and_then(|h| h.status).map(|s| s.state);
+        if state == Some(kpssh::api::HostState::Unhealthy) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "host state {state:?}:\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let text = logs();
+    assert!(
+        !text.to_lowercase().contains("forbidden"),
+        "the controller hit a permission error with the chart's RBAC:\n{text}"
+    );
+
+    // Every name the live controller exposes is also in the full exposition used below, so that
+    // one is the controller's real encoder and registry, not a list kept by hand.
+    let live = exposed_names(&metrics);
+    let full = exposed_names(&full_exposition());
+    assert!(live.contains("kpssh_pool_hosts"), "{live:?}");
+    let stray: Vec<_> = live.difference(&full).collect();
+    assert!(
+        stray.is_empty(),
+        "the full exposition misses live names {stray:?}"
+    );
+}
+
+/// The controller's exposition with every metric family holding a sample: the real `Metrics`
+/// registry and encoder (`kpssh::actors::metrics`), with one observation per labelled family,
+/// because the encoder leaves a family without samples out entirely (a live controller that
+/// never ran a join does not show the join histogram). When a family is added there, touch it
+/// here too; the live check above fails if a live name is missing from this one.
+fn full_exposition() -> String {
+    use kpssh::actors::context::HostView;
+    use kpssh::actors::metrics::{ActionLabels, Metrics, OutcomeLabels, PhaseLabels};
+    let m = Metrics::new();
+    let view = HostView::default();
+    view.upsert(kpssh::sim::world::host_object(
+        "pool",
+        "a",
+        "small",
+        &kpssh::sim::SimHost::new("10.0.0.1", 2, 1),
+    ));
+    m.probe_duration
+        .get_or_create(&OutcomeLabels {
+            outcome: "success".into(),
+        })
+        .observe(0.1);
+    m.phase_duration
+        .get_or_create(&PhaseLabels {
+            phase: "join".into(),
+            outcome: "success".into(),
+        })
+        .observe(1.0);
+    m.zombie_actions
+        .get_or_create(&ActionLabels {
+            action: "leave".into(),
+        })
+        .inc();
+    m.encode(&view)
+}
+
+/// Label names each exposed sample name carries in an exposition.
+fn exposed_labels(exposition: &str) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let mut out: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    for line in exposition.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, rest)) = line.split_once('{') else {
+            continue;
+        };
+        let labels = rest.split('}').next().unwrap_or_default();
+        let entry = out.entry(name.to_string()).or_default();
+        for pair in labels.split(',') {
+            if let Some((k, _)) = pair.split_once('=') {
+                entry.insert(k.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// `(metric, label)` for every `kpssh_x{label="…"}`-style matcher in a PromQL text.
+fn selector_labels(promql: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for name in referenced_names(promql) {
+        for (i, _) in promql.match_indices(&format!("{name}{{")) {
+            let rest = &promql[i + name.len() + 1..];
+            let inner = rest.split('}').next().unwrap_or_default();
+            for matcher in inner.split(',') {
+                let label: String = matcher
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !label.is_empty() {
+                    out.push((name.clone(), label));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Fails with the offending names unless every `kpssh_…` metric and selector label in `exprs`
+/// is one the controller exposes.
+fn check_references(source: &str, exprs: &[String]) {
+    let text = full_exposition();
+    let exposed = exposed_names(&text);
+    let labels = exposed_labels(&text);
+    let mut referenced = BTreeSet::new();
+    for expr in exprs {
+        referenced.extend(referenced_names(expr));
+        for (metric, label) in selector_labels(expr) {
+            let known = labels.get(&metric).cloned().unwrap_or_default();
+            assert!(
+                known.contains(&label),
+                "{source}: {metric} has no label {label:?} (it has {known:?}) in {expr}"
+            );
+        }
+    }
+    assert!(
+        !referenced.is_empty(),
+        "{source} references no kpssh metric"
+    );
+    let missing: Vec<_> = referenced.difference(&exposed).collect();
+    assert!(
+        missing.is_empty(),
+        "{source} references metrics the controller does not expose: {missing:?}\nexposed: {exposed:?}"
+    );
+}
+
+#[test]
+fn alerts_use_only_metrics_the_controller_exposes() {
+    let objs = render("kpssh", "kpssh-system", &["prometheusRule.enabled=true"]).expect("render");
+    let exprs = alert_exprs(&objs);
+    assert_eq!(
+        exprs.len(),
+        4,
+        "unhealthy, zombies, join failures, no claimable host"
+    );
+    check_references("the PrometheusRule", &exprs);
+}
+
+#[test]
+fn metric_name_extraction_is_strict() {
+    let exposition = "# HELP kpssh_claims x\n# TYPE kpssh_claims counter\nkpssh_claims_total 1\n\
+        # TYPE kpssh_pool_hosts gauge\n# TYPE kpssh_phase_seconds histogram\n";
+    let names = exposed_names(exposition);
+    for n in [
+        "kpssh_claims_total",
+        "kpssh_pool_hosts",
+        "kpssh_phase_seconds_count",
+        "kpssh_phase_seconds_bucket",
+    ] {
+        assert!(names.contains(n), "{n}");
+    }
+    assert!(!names.contains("kpssh_claims"));
+    assert_eq!(
+        selector_labels(r#"sum by (class) (kpssh_pool_hosts{state="Unhealthy", class!~"x"})"#),
+        vec![
+            ("kpssh_pool_hosts".to_string(), "state".to_string()),
+            ("kpssh_pool_hosts".to_string(), "class".to_string())
+        ]
+    );
+    let labels = exposed_labels(&full_exposition());
+    assert!(labels["kpssh_instance_phase_duration_seconds_count"].contains("outcome"));
+    let refs = referenced_names("sum(rate(kpssh_a_total[5m])) / xkpssh_b + kpssh_c{x=\"kpssh_d\"}");
+    assert_eq!(
+        refs,
+        ["kpssh_a_total", "kpssh_c", "kpssh_d"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+}
