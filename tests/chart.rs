@@ -30,6 +30,7 @@ const ALL_ON: &[&str] = &[
     "prometheusRule.enabled=true",
     "networkPolicy.enabled=true",
     "podDisruptionBudget.enabled=true",
+    "dashboard.enabled=true",
 ];
 /// A bound on every helm invocation.
 const HELM_LIMIT: Duration = Duration::from_secs(120);
@@ -354,6 +355,23 @@ fn every_optional_object_renders_and_affinity_is_merged() {
     ] {
         one(&objs, kind);
     }
+    let dashboards = of_kind(&objs, "ConfigMap");
+    assert_eq!(dashboards.len(), 1, "the dashboard ConfigMap");
+    assert_eq!(
+        dashboards[0]["metadata"]["labels"]["grafana_dashboard"], "1",
+        "the label Grafana's sidecar looks for"
+    );
+    let shipped: Value = serde_json::from_str(&dashboard_text()).expect("dashboard JSON");
+    let in_map: Value = serde_json::from_str(
+        dashboards[0]["data"]["kpssh.json"]
+            .as_str()
+            .expect("kpssh.json key"),
+    )
+    .expect("the ConfigMap holds valid JSON");
+    assert_eq!(
+        in_map, shipped,
+        "the ConfigMap carries the shipped dashboard unchanged"
+    );
     // The user's term keeps its expression and gains the managed-node rule (terms are ORed, so
     // the rule must be in each of them).
     let terms = &one(&objs, "Deployment")["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -992,6 +1010,67 @@ fn alerts_use_only_metrics_the_controller_exposes() {
         "unhealthy, zombies, join failures, no claimable host"
     );
     check_references("the PrometheusRule", &exprs);
+}
+
+fn dashboard_text() -> String {
+    let path = format!("{CHART}/dashboards/kpssh.json");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every panel (rows included) of a dashboard, nested rows flattened.
+fn dashboard_panels(d: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().into_iter().flatten() {
+        out.push(p.clone());
+        out.extend(p["panels"].as_array().cloned().unwrap_or_default());
+    }
+    out
+}
+
+#[test]
+fn dashboard_uses_only_metrics_the_controller_exposes() {
+    let d: Value = serde_json::from_str(&dashboard_text()).expect("dashboard JSON");
+    assert_eq!(d["uid"], "kpssh-overview");
+    let panels = dashboard_panels(&d);
+    let mut ids = BTreeSet::new();
+    let mut exprs = Vec::new();
+    for p in &panels {
+        let id = p["id"].as_i64().expect("panel id");
+        assert!(ids.insert(id), "panel id {id} twice");
+        let grid = &p["gridPos"];
+        let width = grid["x"].as_i64().unwrap_or(-1) + grid["w"].as_i64().unwrap_or(99);
+        assert!(
+            width <= 24,
+            "panel {} overflows the 24-column grid",
+            p["title"]
+        );
+        if p["type"] == "row" {
+            continue;
+        }
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {} has no query", p["title"]);
+        for t in targets {
+            exprs.push(t["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    // What the issue asks the dashboard to show, each by the metric that carries it.
+    let all = exprs.join("\n");
+    for needle in [
+        "sum by (class, state) (kpssh_pool_hosts",
+        r#"kpssh_instance_phase_duration_seconds_bucket{phase="join""#,
+        r#"kpssh_instance_phase_duration_seconds_bucket{phase="leave""#,
+        r#"kpssh_instance_phase_duration_seconds_count{outcome!="success"}"#,
+        "kpssh_host_zombie_actions_total",
+    ] {
+        assert!(all.contains(needle), "no panel shows {needle}");
+    }
+    for v in d["templating"]["list"].as_array().into_iter().flatten() {
+        if let Some(q) = v["definition"].as_str() {
+            exprs.push(q.to_string());
+        }
+    }
+    check_references("the Grafana dashboard", &exprs);
 }
 
 #[test]
