@@ -3,6 +3,8 @@
 //! the rendered objects, server-side dry-run of every object, and the chart's RBAC applied for
 //! real with the controller binary running under the chart's service account identity.
 
+#[path = "support/apply.rs"]
+mod apply;
 #[path = "support/controlplane.rs"]
 mod controlplane;
 
@@ -13,14 +15,11 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use apply::{apply, parse_docs};
 use controlplane::ControlPlane;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kpssh::api::{SSHHost, SSHJoinProfile, crds};
 use kpssh::k8s::{Cluster, ClusterError, KubeCluster};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::{Scope, pinned_kind};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kpssh");
@@ -96,13 +95,6 @@ fn render(release: &str, ns: &str, set: &[&str]) -> Result<Vec<Value>, String> {
     }
     let text = run_helm(&args)?;
     Ok(parse_docs(&text))
-}
-
-fn parse_docs(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{text}")))
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 fn of_kind<'a>(objs: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -492,39 +484,6 @@ async fn ensure_namespace(c: &KubeCluster, name: &str) {
         Ok(_) | Err(ClusterError::AlreadyExists { .. }) => {}
         Err(e) => panic!("namespace {name}: {e}"),
     }
-}
-
-/// Server-side apply of one rendered object; `dry_run` asks the API server to run admission
-/// and validation without persisting.
-async fn apply(client: &kube::Client, obj: &Value, dry_run: bool) -> Result<(), String> {
-    let api_version = obj["apiVersion"].as_str().expect("apiVersion");
-    let kind = obj["kind"].as_str().expect("kind");
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let (ar, caps) = tokio::time::timeout(Duration::from_secs(20), pinned_kind(client, &gvk))
-        .await
-        .map_err(|_| format!("discovery of {api_version} {kind} timed out"))?
-        .map_err(|e| format!("discovery of {api_version} {kind}: {e}"))?;
-    let name = obj["metadata"]["name"].as_str().expect("name");
-    let api: Api<DynamicObject> = match caps.scope {
-        Scope::Namespaced => {
-            let ns = obj["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or_else(|| panic!("{kind} {name} has no namespace"));
-            Api::namespaced_with(client.clone(), ns, &ar)
-        }
-        Scope::Cluster => Api::all_with(client.clone(), &ar),
-    };
-    let mut pp = PatchParams::apply("kpssh-chart-test").force();
-    pp.dry_run = dry_run;
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        api.patch(name, &pp, &Patch::Apply(obj)),
-    )
-    .await
-    .map_err(|_| format!("apply of {kind} {name} timed out"))?
-    .map(|_| ())
-    .map_err(|e| format!("{kind} {name}: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
