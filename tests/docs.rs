@@ -19,7 +19,14 @@ use serde_json::json;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// The docs whose commands this test owns.
-const DOCS: &[&str] = &["docs/installation.md"];
+const DOCS: &[&str] = &[
+    "docs/installation.md",
+    "docs/operations.md",
+    "docs/troubleshooting.md",
+    "docs/security.md",
+    "docs/migration.md",
+    "docs/api-reference.md",
+];
 
 /// Lines of every ```sh block, with the file they came from.
 fn shell_lines(doc: &str) -> Vec<String> {
