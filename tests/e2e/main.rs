@@ -17,11 +17,14 @@ mod sshd;
 #[path = "../support/testhost.rs"]
 mod testhost;
 
+mod faults;
 mod scale;
+mod verified;
 mod world;
 
 use std::time::{Duration, Instant};
 
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use world::{Sc, World};
 
@@ -35,6 +38,22 @@ const SCENARIOS: &[(&str, ScenarioFn)] = &[
     }),
     ("E2_consolidation_back_to_warm_pool", |sc| {
         Box::pin(scale::e2(sc))
+    }),
+    ("E3_rebooted_warm_host_does_not_rejoin", |sc| {
+        Box::pin(faults::e3(sc))
+    }),
+    ("E4_force_deleted_nodeclaim_zombie_guard", |sc| {
+        Box::pin(faults::e4(sc))
+    }),
+    ("E5_power_loss_during_leave", |sc| Box::pin(faults::e5(sc))),
+    ("E6_verified_join_and_leave_through_the_shim", |sc| {
+        Box::pin(verified::e6(sc))
+    }),
+    ("E7_rogue_signed_join_refused_by_the_shim", |sc| {
+        Box::pin(verified::e7(sc))
+    }),
+    ("E8_unsigned_verified_profile_refused_before_ssh", |sc| {
+        Box::pin(verified::e8(sc))
     }),
 ];
 
@@ -121,8 +140,10 @@ fn run_one(world: &'static World, id: String, f: ScenarioFn) -> (Outcome, Durati
         .expect("runtime");
     let outcome = rt.block_on(async {
         let mut sc = Sc::new(world, &id).await;
-        let res = match tokio::time::timeout(SCENARIO_LIMIT, f(&mut sc)).await {
-            Ok(r) => r,
+        let run = std::panic::AssertUnwindSafe(f(&mut sc)).catch_unwind();
+        let res = match tokio::time::timeout(SCENARIO_LIMIT, run).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(p)) => Err(format!("panicked: {}", panic_text(&p))),
             Err(_) => Err(format!("scenario exceeded {SCENARIO_LIMIT:?}")),
         };
         match res {

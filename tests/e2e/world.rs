@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kpssh::api::host::ExecMode as HostExecMode;
 use kpssh::api::profile::{Scripts, Timeouts};
@@ -56,6 +56,9 @@ impl World {
             .tempdir()
             .expect("tempdir")
             .keep();
+        // The hosts' account (not root) reaches the machine roots below.
+        std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod base");
         let cp = ControlPlane::shared();
         cp.start_scheduler();
         cp.start_controller_manager();
@@ -215,6 +218,17 @@ impl Sc {
         let client = world.cp.client().await;
         let ns = format!("e2e-{id}");
         create(&Api::<Namespace>::all(client.clone()), &namespace(&ns)).await;
+        // Pods are refused until kube-controller-manager made the namespace's default
+        // ServiceAccount.
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !matches!(sas.get_opt("default").await, Ok(Some(_))) {
+            assert!(
+                Instant::now() < deadline,
+                "no default ServiceAccount in {ns}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         Sc {
             id: id.to_string(),
             world,
@@ -263,7 +277,7 @@ impl Sc {
             "kind": "SSHHost",
             "metadata": {"name": self.host_name(i), "namespace": POOL_NS,
                 "labels": {HOST_CLASS_LABEL: self.id}},
-            "spec": {"address": host.address, "port": host.port, "user": "root",
+            "spec": {"address": host.address, "port": host.port, "user": host.user,
                 "sshKeySecretRef": {"name": KEY_SECRET},
                 "capacity": {"cpu": "2", "memory": "4Gi"}},
         }))
@@ -688,7 +702,11 @@ mod erased_json {
     }
     impl<T: serde::Serialize> Ser for T {
         fn to_yaml(&self) -> String {
-            serde_yaml::to_string(self).unwrap_or_else(|e| format!("<{e}>"))
+            let mut v = serde_json::to_value(self).unwrap_or_default();
+            if let Some(meta) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                meta.remove("managedFields");
+            }
+            serde_yaml::to_string(&v).unwrap_or_else(|e| format!("<{e}>"))
         }
     }
 }

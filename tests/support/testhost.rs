@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::sshd::{KeyPair, SSHD, free_port, keygen, unique_loopback};
+use crate::sshd::{KeyPair, SSHD, ensure_test_user, free_port, keygen, unique_loopback};
 
 /// Units the fake machine image ships (their "binaries" live in `<root>/opt/`).
 pub const UNITS: [&str; 2] = ["containerd", "kubelet"];
@@ -48,6 +48,8 @@ pub enum ExecMode {
 
 pub struct TestHost {
     pub address: String,
+    /// The (non-root, passwordless sudo) account kpssh logs in as.
+    pub user: &'static str,
     pub port: u16,
     /// The machine root; `<base>/<address>`.
     pub root: PathBuf,
@@ -133,7 +135,7 @@ impl TestHost {
                  AuthorizedKeysFile {root}/ssh/authorized_keys\n\
                  StrictModes no\n\
                  UsePAM no\n\
-                 PermitRootLogin prohibit-password\n\
+                 PermitRootLogin no\n\
                  PubkeyAuthentication yes\n\
                  PasswordAuthentication no\n\
                  KbdInteractiveAuthentication no\n\
@@ -147,7 +149,13 @@ impl TestHost {
             ),
         )
         .expect("sshd_config");
+        // Sessions log in as a non-root account whose shell reads no rc files: a power loss
+        // kills sessions at any point, and a root login shell killed inside the machine's
+        // real dotfiles (which every test host shares) can leave their locks behind.
+        let user = ensure_test_user();
+        chown_tree(&root, user, &root.join("ssh"));
         let mut host = TestHost {
+            user,
             address,
             port,
             root,
@@ -378,6 +386,31 @@ fn descendants(pid: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+/// `chown -R user` of `dir`, except `skip` (sshd's own files stay root's).
+fn chown_tree(dir: &Path, user: &str, skip: &Path) {
+    let out = Command::new("id")
+        .arg("-u")
+        .arg(user)
+        .output()
+        .expect("id -u");
+    let uid: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("uid of the test user");
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        if p == skip {
+            continue;
+        }
+        std::os::unix::fs::lchown(&p, Some(uid), Some(uid)).expect("chown");
+        if p.is_dir() && !p.is_symlink() {
+            for e in std::fs::read_dir(&p).expect("read_dir").flatten() {
+                stack.push(e.path());
+            }
+        }
+    }
 }
 
 fn chmod(path: &Path, mode: u32) {
