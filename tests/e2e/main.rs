@@ -114,6 +114,12 @@ fn main() {
         }
     }
     world.stop();
+    // Every host was dropped with its scenario: none of its daemons may be left.
+    let leftovers = testhost::daemons_of(std::process::id());
+    if !leftovers.is_empty() {
+        failed += 1;
+        eprintln!("host daemons survived their hosts: pids {leftovers:?}");
+    }
     println!(
         "\ne2e scenarios:\n{summary}e2e: {} passed, {failed} failed, tier wall time {:.1}s",
         selected.len() - failed,

@@ -346,6 +346,26 @@ impl Drop for TestHost {
     }
 }
 
+/// Pids of live host daemons (fake kubelet, runtime) owned by the test process `owner`.
+pub fn daemons_of(owner: u32) -> Vec<u32> {
+    let needle = format!("{OWNER_ENV}={owner}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if environ.split(|b| *b == 0).any(|v| v == needle.as_bytes())
+            && crate::sshd::process_alive(pid)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 fn kill(pid: u32, sig: i32) {
     if let Ok(p) = i32::try_from(pid) {
         // SAFETY: a plain syscall.
