@@ -1,0 +1,161 @@
+//! End-to-end tier (E1–E8): the real `kpssh controller` binary against a real control plane
+//! (kube-apiserver, etcd, kube-scheduler, kube-controller-manager) and real OpenSSH hosts whose
+//! profile starts a fake kubelet that really bootstraps with the minted token.
+//!
+//! A custom harness (`harness = false`): the same binary is also the hosts' daemons (the fake
+//! kubelet and runtime, selected by `KPSSH_E2E_ROLE`), and all scenarios run at once — each in
+//! its own thread, namespace, node class, NodePool and hosts — so the waits of the scenarios
+//! (E3 watches a rebooted host for 90 s) overlap. Arguments that are not options filter the
+//! scenarios by substring (`cargo test --test e2e -- E3`); `--list` lists them.
+
+#[path = "../support/controlplane.rs"]
+mod controlplane;
+#[path = "../support/fake_kubelet.rs"]
+mod fake_kubelet;
+#[path = "../support/sshd.rs"]
+mod sshd;
+#[path = "../support/testhost.rs"]
+mod testhost;
+
+mod faults;
+mod scale;
+mod verified;
+mod world;
+
+use std::time::{Duration, Instant};
+
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use world::{Sc, World};
+
+type Outcome = Result<(), String>;
+type ScenarioFn = for<'a> fn(&'a mut Sc) -> BoxFuture<'a, Outcome>;
+
+/// Every scenario, named as in SCENARIOS.md.
+const SCENARIOS: &[(&str, ScenarioFn)] = &[
+    ("E1_scale_up_pod_to_ready_node", |sc| {
+        Box::pin(scale::e1(sc))
+    }),
+    ("E2_consolidation_back_to_warm_pool", |sc| {
+        Box::pin(scale::e2(sc))
+    }),
+    ("E3_rebooted_warm_host_does_not_rejoin", |sc| {
+        Box::pin(faults::e3(sc))
+    }),
+    ("E4_force_deleted_nodeclaim_zombie_guard", |sc| {
+        Box::pin(faults::e4(sc))
+    }),
+    ("E5_power_loss_during_leave", |sc| Box::pin(faults::e5(sc))),
+    ("E6_verified_join_and_leave_through_the_shim", |sc| {
+        Box::pin(verified::e6(sc))
+    }),
+    ("E7_rogue_signed_join_refused_by_the_shim", |sc| {
+        Box::pin(verified::e7(sc))
+    }),
+    ("E8_unsigned_verified_profile_refused_before_ssh", |sc| {
+        Box::pin(verified::e8(sc))
+    }),
+];
+
+/// The whole tier is bounded; a scenario bounds each of its own waits well inside this.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(600);
+
+fn main() {
+    fake_kubelet::run_role_if_asked();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let selected: Vec<_> = SCENARIOS
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    if args.iter().any(|a| a == "--list") {
+        for (name, _) in &selected {
+            println!("{name}: test");
+        }
+        return;
+    }
+    if selected.is_empty() {
+        println!("running 0 tests");
+        return;
+    }
+    let started = Instant::now();
+    let world: &'static World = Box::leak(Box::new(World::start()));
+    println!(
+        "e2e: control plane and controller up after {:.1}s; running {} scenarios",
+        started.elapsed().as_secs_f64(),
+        selected.len()
+    );
+    let handles: Vec<_> = selected
+        .iter()
+        .map(|(name, f)| {
+            let (name, f) = (*name, *f);
+            let id = name[..2].to_ascii_lowercase();
+            let h = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || run_one(world, id, f))
+                .expect("spawn scenario thread");
+            (name, h)
+        })
+        .collect();
+    let mut failed = 0;
+    let mut summary = String::new();
+    for (name, h) in handles {
+        let (outcome, took) = match h.join() {
+            Ok(r) => r,
+            Err(p) => (Err(panic_text(&p)), Duration::ZERO),
+        };
+        match outcome {
+            Ok(()) => summary.push_str(&format!("  ok      {:6.1}s  {name}\n", took.as_secs_f64())),
+            Err(e) => {
+                failed += 1;
+                summary.push_str(&format!("  FAILED  {:6.1}s  {name}\n", took.as_secs_f64()));
+                eprintln!("\n==== {name} FAILED\n{e}\n");
+            }
+        }
+    }
+    world.stop();
+    // Every host was dropped with its scenario: none of its daemons may be left.
+    let leftovers = testhost::daemons_of(std::process::id());
+    if !leftovers.is_empty() {
+        failed += 1;
+        eprintln!("host daemons survived their hosts: pids {leftovers:?}");
+    }
+    println!(
+        "\ne2e scenarios:\n{summary}e2e: {} passed, {failed} failed, tier wall time {:.1}s",
+        selected.len() - failed,
+        started.elapsed().as_secs_f64()
+    );
+    // Exit through `exit` so the control plane's atexit teardown runs.
+    std::process::exit(i32::from(failed > 0));
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
+}
+
+/// One scenario on its own thread and runtime. Every process a scenario forks (sshd) is
+/// forked by this thread, which outlives the scenario's hosts (PR_SET_PDEATHSIG is per thread).
+fn run_one(world: &'static World, id: String, f: ScenarioFn) -> (Outcome, Duration) {
+    let started = Instant::now();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let outcome = rt.block_on(async {
+        let mut sc = Sc::new(world, &id).await;
+        let run = std::panic::AssertUnwindSafe(f(&mut sc)).catch_unwind();
+        let res = match tokio::time::timeout(SCENARIO_LIMIT, run).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(p)) => Err(format!("panicked: {}", panic_text(&p))),
+            Err(_) => Err(format!("scenario exceeded {SCENARIO_LIMIT:?}")),
+        };
+        match res {
+            Ok(()) => Ok(()),
+            Err(e) => Err(format!("{e}\n{}", sc.dump().await)),
+        }
+    });
+    (outcome, started.elapsed())
+}
