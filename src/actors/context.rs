@@ -87,7 +87,9 @@ pub struct HostView {
 
 #[derive(Default)]
 struct ViewInner {
-    hosts: BTreeMap<String, SSHHost>,
+    /// Shared, immutable copies: a snapshot of ten thousand hosts is ten thousand pointer
+    /// copies, not ten thousand deep clones.
+    hosts: BTreeMap<String, Arc<SSHHost>>,
     by_claim: BTreeMap<String, String>,
 }
 
@@ -98,7 +100,7 @@ impl ViewInner {
         if let Some(c) = host.claim() {
             self.by_claim.insert(c.uid.clone(), name.clone());
         }
-        self.hosts.insert(name, host);
+        self.hosts.insert(name, Arc::new(host));
     }
 
     fn remove(&mut self, name: &str) {
@@ -143,7 +145,7 @@ impl HostView {
     }
 
     pub fn get(&self, name: &str) -> Option<SSHHost> {
-        self.read().hosts.get(name).cloned()
+        self.read().hosts.get(name).map(|h| SSHHost::clone(h))
     }
 
     /// The host whose claim carries this NodeClaim UID.
@@ -152,7 +154,7 @@ impl HostView {
     }
 
     /// Every host, in name order.
-    pub fn snapshot(&self) -> Vec<SSHHost> {
+    pub fn snapshot(&self) -> Vec<Arc<SSHHost>> {
         self.read().hosts.values().cloned().collect()
     }
 

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -12,7 +13,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use super::Context;
 use super::host::launch::upsert_condition;
 use super::host::phases::profile_source;
-use super::router::instance_types::{selects, usable};
+use super::router::instance_types::{ClassSelector, usable};
 use crate::api::nodeclass::reason;
 use crate::api::{NodeClaim, SSHJoinProfile, SSHNodeClass, TERMINATION_FINALIZER};
 use crate::k8s::{Cluster, ClusterError, WatchEvent, finalizers};
@@ -197,21 +198,22 @@ fn apply<K: kube::Resource + Clone>(map: &mut BTreeMap<String, K>, ev: WatchEven
 
 async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T>) {
     let names: Vec<String> = state.classes.keys().cloned().collect();
+    let hosts = state.ctx.hosts.snapshot();
     for name in names {
-        if let Err(e) = reconcile_class(state, &name).await {
+        if let Err(e) = reconcile_class(state, &name, &hosts).await {
             tracing::warn!(nodeclass = %name, error = %e, "node class not reconciled");
         }
     }
-    if let Err(e) = reconcile_profiles(state).await {
+    if let Err(e) = reconcile_profiles(state, &hosts).await {
         tracing::warn!(error = %e, "profile finalizers not reconciled");
     }
 }
 
 /// The Ready condition's (ok, reason, message) for a class (S32).
-pub fn readiness(
+pub fn readiness<H: std::borrow::Borrow<crate::api::SSHHost>>(
     class: &SSHNodeClass,
     profile: Option<&SSHJoinProfile>,
-    hosts: &[crate::api::SSHHost],
+    hosts: &[H],
 ) -> (bool, &'static str, String) {
     let profile_name = &class.spec.join_profile_ref.name;
     let Some(profile) = profile else {
@@ -224,14 +226,15 @@ pub fn readiness(
     if let Err(e) = validate_profile(&profile_source(profile)) {
         return (false, reason::PROFILE_INVALID, e.to_string());
     }
-    let mut selected = 0;
-    for h in hosts {
-        match selects(class, h) {
-            Ok(true) if usable(h) => selected += 1,
-            Ok(_) => {}
-            Err(e) => return (false, reason::SELECTOR_ERROR, e.to_string()),
-        }
-    }
+    let selector = match ClassSelector::of(class) {
+        Ok(s) => s,
+        Err(e) => return (false, reason::SELECTOR_ERROR, e.to_string()),
+    };
+    let selected = hosts
+        .iter()
+        .map(|h| h.borrow())
+        .filter(|h| selector.matches(h) && usable(h))
+        .count();
     if selected == 0 {
         return (
             false,
@@ -245,6 +248,7 @@ pub fn readiness(
 async fn reconcile_class<C: Cluster, T: Transport>(
     state: &mut NodeClassState<C, T>,
     name: &str,
+    hosts: &[Arc<crate::api::SSHHost>],
 ) -> Result<(), ClusterError> {
     let Some(class) = state.classes.get(name).cloned() else {
         return Ok(());
@@ -260,9 +264,8 @@ async fn reconcile_class<C: Cluster, T: Transport>(
     if class.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let hosts = state.ctx.hosts.snapshot();
     let profile = state.profiles.get(&class.spec.join_profile_ref.name);
-    let (ok, why, message) = readiness(&class, profile, &hosts);
+    let (ok, why, message) = readiness(&class, profile, hosts);
     let mut updated = class.clone();
     let status = updated.status.get_or_insert_with(Default::default);
     upsert_condition(
@@ -284,11 +287,9 @@ async fn reconcile_class<C: Cluster, T: Transport>(
 /// Profiles named by any host's install marker keep a finalizer.
 async fn reconcile_profiles<C: Cluster, T: Transport>(
     state: &NodeClassState<C, T>,
+    hosts: &[Arc<crate::api::SSHHost>],
 ) -> Result<(), ClusterError> {
-    let in_use: BTreeSet<String> = state
-        .ctx
-        .hosts
-        .snapshot()
+    let in_use: BTreeSet<String> = hosts
         .iter()
         .filter_map(|h| h.status.as_ref()?.installed_profile.clone())
         .filter_map(|m| m.split('@').next().map(str::to_string))

@@ -265,5 +265,5 @@ fn adopt_candidate<C: Cluster, T: Transport>(
         .snapshot()
         .into_iter()
         .find(|h| h.state() == HostState::Claimed && ips.iter().any(|ip| ip == h.node_address()))
-        .and_then(|h| h.metadata.name)
+        .and_then(|h| h.metadata.name.clone())
 }

@@ -18,9 +18,14 @@ pub enum ClusterError {
         key: String,
         message: String,
     },
-    /// The Eviction API refused (a PodDisruptionBudget does not allow it now): retry later.
-    #[error("eviction of pod {key} refused: {message}")]
-    TooManyRequests { key: String, message: String },
+    /// 429: the request was refused for now — an eviction a PodDisruptionBudget does not allow
+    /// yet, or an API server that is throttling or still starting. Retry later.
+    #[error("{kind} {key}: refused for now (429 Too Many Requests): {message}")]
+    TooManyRequests {
+        kind: String,
+        key: String,
+        message: String,
+    },
     /// RBAC or admission refused the request: a configuration problem, not worth a fast retry.
     #[error("{kind} {key}: forbidden: {message}")]
     Forbidden {

@@ -93,6 +93,7 @@ pub fn map_error(kind: &str, key: &str, err: kube::Error) -> ClusterError {
                 message: status.message,
             },
             429 => ClusterError::TooManyRequests {
+                kind,
                 key,
                 message: status.message,
             },

@@ -68,8 +68,8 @@ struct Key {
 
 enum RawEvent {
     Restarted(Vec<Value>),
-    Applied(Value),
-    Deleted(Value),
+    Applied(Arc<Value>),
+    Deleted(Arc<Value>),
 }
 
 struct Watcher {
@@ -105,6 +105,11 @@ impl MemoryCluster {
     /// Every event recorded so far, oldest first.
     pub fn events(&self) -> Vec<EventRecord> {
         self.lock().events.clone()
+    }
+
+    /// The events recorded after the first `seen` ones (for readers that poll as they go).
+    pub fn events_since(&self, seen: usize) -> Vec<EventRecord> {
+        self.lock().events.get(seen..).unwrap_or_default().to_vec()
     }
 
     pub fn stats(&self) -> WriteStats {
@@ -153,7 +158,9 @@ fn to_value<K: Object>(obj: &K) -> Result<Value, ClusterError> {
 }
 
 fn from_value<K: Object>(v: &Value) -> Result<K, ClusterError> {
-    serde_json::from_value(v.clone()).map_err(|e| {
+    // Deserialise from the borrowed tree: cloning it first was most of a fleet simulation's
+    // time.
+    K::deserialize(v).map_err(|e| {
         let name = v
             .pointer("/metadata/name")
             .and_then(Value::as_str)
@@ -253,18 +260,41 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 impl State {
+    /// The stored objects of one kind (and namespace, when given), in key order: a range of
+    /// the ordered map, not a scan of every object.
+    fn of_kind<'a, K: Object>(
+        &'a self,
+        ns: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a Key, &'a Value)> + 'a {
+        let start = Key {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            namespace: ns.unwrap_or_default().to_string(),
+            name: String::new(),
+        };
+        let (api_version, kind) = (start.api_version.clone(), start.kind.clone());
+        self.objects.range(start..).take_while(move |(k, _)| {
+            k.api_version == api_version && k.kind == kind && ns.is_none_or(|ns| k.namespace == ns)
+        })
+    }
+
     fn next_rv(&mut self) -> String {
         self.resource_version += 1;
         self.resource_version.to_string()
     }
 
-    fn notify(&mut self, key: &Key, event: impl Fn(Value) -> RawEvent, value: &Value) {
+    fn notify(&mut self, key: &Key, event: impl Fn(Arc<Value>) -> RawEvent, value: &Value) {
         self.watchers.retain(|w| !w.tx.is_closed());
+        // One copy shared by every watcher of the kind.
+        let mut shared: Option<Arc<Value>> = None;
         for w in &self.watchers {
             let ns_ok = w.namespace.as_deref().is_none_or(|ns| ns == key.namespace);
             if w.api_version == key.api_version && w.kind == key.kind && ns_ok {
                 // A closed receiver is pruned on the next notify.
-                let _ = w.tx.send(event(value.clone()));
+                let v = shared
+                    .get_or_insert_with(|| Arc::new(value.clone()))
+                    .clone();
+                let _ = w.tx.send(event(v));
             }
         }
     }
@@ -384,12 +414,7 @@ impl Cluster for MemoryCluster {
     ) -> Result<Vec<K>, ClusterError> {
         let mut st = self.lock();
         st.stats.lists += 1;
-        let api_version = K::api_version(&());
-        let kind = K::kind(&());
-        st.objects
-            .iter()
-            .filter(|(k, _)| k.api_version == api_version && k.kind == kind)
-            .filter(|(k, _)| ns.is_none_or(|ns| k.namespace == ns))
+        st.of_kind::<K>(ns)
             .filter(|(_, v)| selector.is_none_or(|s| s.matches(&labels_of(v))))
             .map(|(_, v)| from_value::<K>(v))
             .collect()
@@ -586,13 +611,7 @@ impl Cluster for MemoryCluster {
             let mut st = self.lock();
             let api_version = K::api_version(&()).into_owned();
             let kind = K::kind(&()).into_owned();
-            let snapshot: Vec<Value> = st
-                .objects
-                .iter()
-                .filter(|(k, _)| k.api_version == api_version && k.kind == kind)
-                .filter(|(k, _)| ns.is_none_or(|ns| k.namespace == ns))
-                .map(|(_, v)| v.clone())
-                .collect();
+            let snapshot: Vec<Value> = st.of_kind::<K>(ns).map(|(_, v)| v.clone()).collect();
             // Sent under the lock so no change slips between snapshot and subscription.
             let _ = tx.send(RawEvent::Restarted(snapshot));
             st.watchers.push(Watcher {
@@ -638,6 +657,7 @@ impl Cluster for MemoryCluster {
                 .collect();
             if disruptions_allowed(pdb, &covered) < 1 {
                 return Err(ClusterError::TooManyRequests {
+                    kind: "Pod".into(),
                     key: object_key(Some(ns), pod),
                     message: format!(
                         "Cannot evict pod as it would violate the pod's disruption budget {}",

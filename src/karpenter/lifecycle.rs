@@ -4,6 +4,7 @@
 //! taints are gone; a NodeClaim not registered within the registration timeout is deleted.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -28,16 +29,65 @@ pub fn spawn<C: Cluster, T: Transport>(
     cfg: KarpenterConfig,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
         loop {
             tokio::time::sleep(cfg.reconcile_interval).await;
-            let claims: Vec<NodeClaim> = state.read().nodeclaims.values().cloned().collect();
+            let now = tokio::time::Instant::now();
+            let claims = due(&state, &mut seen, now, cfg.idle_resync);
             for nc in claims {
                 if let Err(e) = reconcile(&ctx, &state, &cfg, &nc).await {
                     tracing::debug!(nodeclaim = ?nc.metadata.name, error = %e, "lifecycle retry");
+                    // Retry on the next tick, not after the idle resync.
+                    if let Some(name) = nc.metadata.name.as_deref() {
+                        seen.remove(name);
+                    }
                 }
             }
         }
     })
+}
+
+/// What a NodeClaim and its Node looked like when last reconciled.
+struct Seen {
+    claim_rv: Option<String>,
+    node_rv: Option<String>,
+    at: tokio::time::Instant,
+}
+
+/// The NodeClaims to reconcile this tick: those whose object or Node changed since the last
+/// pass, plus every claim once per `idle_resync` for the time-based rules (registration
+/// timeout). A fleet of steady claims then costs a comparison per tick, not a deep copy.
+fn due(
+    state: &ClusterState,
+    seen: &mut BTreeMap<String, Seen>,
+    now: tokio::time::Instant,
+    idle_resync: Duration,
+) -> Vec<NodeClaim> {
+    let st = state.read();
+    seen.retain(|name, _| st.nodeclaims.contains_key(name));
+    let mut out = vec![];
+    for (name, nc) in &st.nodeclaims {
+        let claim_rv = nc.metadata.resource_version.clone();
+        let node_rv = st
+            .node_of(nc)
+            .and_then(|n| n.metadata.resource_version.clone());
+        let unchanged = seen.get(name).is_some_and(|s| {
+            s.claim_rv == claim_rv && s.node_rv == node_rv && now < s.at + idle_resync
+        });
+        if unchanged {
+            continue;
+        }
+        seen.insert(
+            name.clone(),
+            Seen {
+                claim_rv,
+                node_rv,
+                at: now,
+            },
+        );
+        out.push(nc.clone());
+    }
+    out
 }
 
 pub fn condition_true(nc: &NodeClaim, type_: &str) -> bool {

@@ -54,6 +54,9 @@ pub struct KarpenterConfig {
     pub provision_retry: Duration,
     /// Lifecycle and termination reconcile period.
     pub reconcile_interval: Duration,
+    /// A NodeClaim whose object and Node did not change is reconciled again after this long
+    /// (for the time-based rules), not on every tick.
+    pub idle_resync: Duration,
     /// A NodeClaim whose Node has not registered after this long is deleted (S37).
     pub registration_timeout: Duration,
     /// A Node NotReady/Unknown this long has its NodeClaim deleted (repair, S39).
@@ -72,6 +75,7 @@ impl Default for KarpenterConfig {
             batch_max: Duration::from_secs(10),
             provision_retry: Duration::from_secs(10),
             reconcile_interval: Duration::from_secs(1),
+            idle_resync: Duration::from_secs(10),
             registration_timeout: Duration::from_secs(15 * 60),
             repair_after: Duration::from_secs(10 * 60),
             disruption_interval: Duration::from_secs(10),

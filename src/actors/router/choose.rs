@@ -1,28 +1,31 @@
 //! Host choice for a NodeClaim (S13): cheapest fitting class first, then warm hosts (install
 //! marker current) before cold, then the oldest host, then by name.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use super::instance_types::{
-    InstanceTypeError, claimable, host_capacity, instance_types, selects, usable,
+    ClassSelector, InstanceTypeError, claimable, host_capacity, instance_types, usable,
 };
 use super::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
 use crate::karpenter::quantity;
 
 /// Candidate host names for `claim`, best first.
-pub fn candidates(
+pub fn candidates<H: Borrow<SSHHost>>(
     claim: &NodeClaim,
     class: &SSHNodeClass,
     profile_marker: &str,
-    hosts: &[SSHHost],
+    hosts: &[H],
 ) -> Result<Vec<String>, InstanceTypeError> {
     let types = instance_types(class, hosts, false)?;
     let price: BTreeMap<&str, f64> = types.iter().map(|t| (t.name.as_str(), t.price)).collect();
     let claim_labels = claim.metadata.labels.clone().unwrap_or_default();
+    let selector = ClassSelector::of(class)?;
     let mut fitting: Vec<(&SSHHost, f64)> = vec![];
     for h in hosts {
-        if !claimable(h) || !usable(h) || !selects(class, h)? {
+        let h = h.borrow();
+        if !claimable(h) || !selector.matches(h) || !usable(h) {
             continue;
         }
         let Some(ty) = types.iter().find(|t| t.name == h.class()) else {

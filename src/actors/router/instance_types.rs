@@ -1,6 +1,7 @@
 //! Instance types (S28, S29): one per host class, computed from the pool view kept current by
 //! the SSHHost watch — never by listing every host per question.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use kube::core::{Selector, SelectorExt};
@@ -51,16 +52,34 @@ pub enum InstanceTypeError {
     BadSelector { class: String, reason: String },
 }
 
+/// A node class's hostSelector, parsed once for a pass over many hosts.
+pub struct ClassSelector(Option<Selector>);
+
+impl ClassSelector {
+    pub fn of(class: &SSHNodeClass) -> Result<Self, InstanceTypeError> {
+        let Some(sel) = class.spec.host_selector.clone() else {
+            return Ok(ClassSelector(None));
+        };
+        Selector::try_from(sel)
+            .map(|s| ClassSelector(Some(s)))
+            .map_err(|e| InstanceTypeError::BadSelector {
+                class: class.metadata.name.clone().unwrap_or_default(),
+                reason: e.to_string(),
+            })
+    }
+
+    pub fn matches(&self, host: &SSHHost) -> bool {
+        static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+        match &self.0 {
+            None => true,
+            Some(sel) => sel.matches(host.metadata.labels.as_ref().unwrap_or(&NO_LABELS)),
+        }
+    }
+}
+
 /// The hosts a node class selects.
 pub fn selects(class: &SSHNodeClass, host: &SSHHost) -> Result<bool, InstanceTypeError> {
-    let Some(sel) = class.spec.host_selector.clone() else {
-        return Ok(true);
-    };
-    let sel = Selector::try_from(sel).map_err(|e| InstanceTypeError::BadSelector {
-        class: class.metadata.name.clone().unwrap_or_default(),
-        reason: e.to_string(),
-    })?;
-    Ok(sel.matches(&host.metadata.labels.clone().unwrap_or_default()))
+    Ok(ClassSelector::of(class)?.matches(host))
 }
 
 pub fn price_per_cpu(class: &SSHNodeClass) -> Result<f64, InstanceTypeError> {
@@ -113,15 +132,17 @@ pub fn claimable(host: &SSHHost) -> bool {
 
 /// Instance types of a node class over `hosts`. Classes with mixed architectures are not
 /// offered unless `split_arch`, in which case each arch becomes `<class>-<arch>`.
-pub fn instance_types(
+pub fn instance_types<H: Borrow<SSHHost>>(
     class: &SSHNodeClass,
-    hosts: &[SSHHost],
+    hosts: &[H],
     split_arch: bool,
 ) -> Result<Vec<InstanceType>, InstanceTypeError> {
     let price = price_per_cpu(class)?;
+    let selector = ClassSelector::of(class)?;
     let mut groups: BTreeMap<String, Vec<&SSHHost>> = BTreeMap::new();
     for h in hosts {
-        if selects(class, h)? && usable(h) {
+        let h = h.borrow();
+        if selector.matches(h) && usable(h) {
             groups.entry(h.class().to_string()).or_default().push(h);
         }
     }
@@ -282,7 +303,7 @@ mod tests {
     fn s29_bad_price_is_an_error_on_the_class() {
         let mut class = node_class("pool", "p");
         class.spec.price_per_cpu_hour = "cheap".into();
-        let err = instance_types(&class, &[], false).expect_err("bad price");
+        let err = instance_types::<SSHHost>(&class, &[], false).expect_err("bad price");
         assert!(err.to_string().contains("SSHNodeClass pool"), "{err}");
     }
 }
