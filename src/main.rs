@@ -1,8 +1,6 @@
-use clap::Parser;
-
 #[tokio::main]
 async fn main() {
-    let cli = kpssh::cli::Cli::parse();
+    let cli = kpssh::cli::parse();
     let code = match kpssh::cli::run(cli).await {
         Ok(code) => code,
         Err(err) => {

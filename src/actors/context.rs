@@ -24,6 +24,8 @@ pub struct Context<C: Cluster, T: Transport> {
     /// router to choose hosts; written only by the supervisor. Ordered for determinism.
     pub hosts: HostView,
     pub metrics: super::metrics::SharedMetrics,
+    /// Open NodeClaim lifecycle traces, shared by router, host actors and karpenter layer.
+    pub lifecycles: crate::telemetry::Lifecycles,
     /// The one random source (token values, jitter): seeded, so a simulation run replays.
     rng: Arc<Mutex<ChaCha8Rng>>,
 }
@@ -38,6 +40,7 @@ impl<C: Cluster, T: Transport> Clone for Context<C, T> {
             limits: self.limits.clone(),
             hosts: self.hosts.clone(),
             metrics: self.metrics.clone(),
+            lifecycles: self.lifecycles.clone(),
             rng: self.rng.clone(),
         }
     }
@@ -65,6 +68,7 @@ impl<C: Cluster, T: Transport> Context<C, T> {
             limits,
             hosts: HostView::default(),
             metrics: Arc::new(super::metrics::Metrics::new()),
+            lifecycles: Default::default(),
             rng: Arc::new(Mutex::new(rng)),
         }
     }

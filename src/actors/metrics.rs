@@ -1,7 +1,8 @@
 //! Prometheus metrics. Names kept from the Go provider (DESIGN §1) plus kpssh's own.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -35,6 +36,45 @@ pub struct ActionLabels {
     pub action: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActorLabels {
+    pub actor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodePoolLabels {
+    pub nodepool: String,
+}
+
+/// What one attached host costs (the billing view): recorded when its join succeeded,
+/// dropped when its claim ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Billing {
+    pub nodepool: String,
+    pub vcpus: f64,
+    pub price_per_cpu_hour: f64,
+}
+
+/// Provisioning latency stages (`kpssh_provisioning_latency_seconds{stage}`).
+pub const STAGE_POD_TO_NODECLAIM: &str = "pod_to_nodeclaim";
+pub const STAGE_NODECLAIM_TO_READY: &str = "nodeclaim_to_ready";
+pub const STAGE_POD_TO_READY: &str = "pod_to_ready";
+
 pub struct Metrics {
     pub pool_hosts: Family<PoolLabels, Gauge>,
     pub probe_duration: Family<OutcomeLabels, Histogram>,
@@ -46,7 +86,27 @@ pub struct Metrics {
     pub phases_in_flight: Gauge<i64, AtomicI64>,
     /// Open (pooled) SSH connections, set by the transport's owner at scrape time.
     pub ssh_connections: Gauge,
+    /// Time spent waiting for a fleet-wide limit (`probe`, `phase`).
+    pub limiter_wait: Family<LimitLabels, Histogram>,
+    /// Messages sent to and not yet handled by actors of a kind (`host`, `router`,
+    /// `supervisor`): counted in at the send sites, out when handled.
+    pub mailbox_depth: Family<ActorLabels, Gauge<i64, AtomicI64>>,
+    pub provisioning_latency: Family<StageLabels, Histogram>,
+    /// Disruption decisions by reason (Empty, Underutilized, Drifted, Expired, Unhealthy).
+    pub disruption_decisions: Family<ReasonLabels, Counter>,
+    pub attached_vcpus: Family<NodePoolLabels, Gauge<f64, AtomicU64>>,
+    pub cost_per_hour: Family<NodePoolLabels, Gauge<f64, AtomicU64>>,
+    /// Claim UID → its billing line.
+    billing: Mutex<BTreeMap<String, Billing>>,
+    /// NodePools ever billed, kept at zero when empty (flat lines, not gaps).
+    billed_pools: Mutex<BTreeSet<String>>,
+    /// NodeClaim name → when its oldest pending pod was created.
+    pending_since: Mutex<BTreeMap<String, jiff::Timestamp>>,
     registry: Registry,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn seconds_buckets() -> Family<OutcomeLabels, Histogram> {
@@ -72,7 +132,52 @@ impl Metrics {
         let host_actors = Gauge::default();
         let phases_in_flight = Gauge::<i64, AtomicI64>::default();
         let ssh_connections = Gauge::default();
+        let limiter_wait = Family::<LimitLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 4.0, 10))
+        });
+        let mailbox_depth = Family::<ActorLabels, Gauge<i64, AtomicI64>>::default();
+        let provisioning_latency = Family::<StageLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.5, 2.0, 14))
+        });
+        let disruption_decisions = Family::<ReasonLabels, Counter>::default();
+        let attached_vcpus = Family::<NodePoolLabels, Gauge<f64, AtomicU64>>::default();
+        let cost_per_hour = Family::<NodePoolLabels, Gauge<f64, AtomicU64>>::default();
         let mut registry = Registry::with_prefix("kpssh");
+        registry.register(
+            "ssh_connections",
+            "Open (pooled) SSH connections",
+            ssh_connections.clone(),
+        );
+        registry.register(
+            "limiter_wait_seconds",
+            "Time waiting for a fleet-wide limit (probe, phase)",
+            limiter_wait.clone(),
+        );
+        registry.register(
+            "mailbox_depth",
+            "Messages queued for actors of a kind (sent, not yet handled)",
+            mailbox_depth.clone(),
+        );
+        registry.register(
+            "provisioning_latency_seconds",
+            "Pod pending to NodeClaim, NodeClaim to node initialized, pod pending to node initialized",
+            provisioning_latency.clone(),
+        );
+        registry.register(
+            "disruption_decisions",
+            "NodeClaims chosen for disruption, by reason",
+            disruption_decisions.clone(),
+        );
+        registry.register(
+            "attached_vcpus",
+            "vCPUs of hosts joined to the cluster, by NodePool (the billing view)",
+            attached_vcpus.clone(),
+        );
+        registry.register(
+            "cost_per_hour",
+            "Cost rate of attached hosts (vCPUs x pricePerCPUHour), by NodePool",
+            cost_per_hour.clone(),
+        );
         registry.register(
             "pool_hosts",
             "SSHHosts by state and class",
@@ -115,7 +220,119 @@ impl Metrics {
             host_actors,
             phases_in_flight,
             ssh_connections,
+            limiter_wait,
+            mailbox_depth,
+            provisioning_latency,
+            disruption_decisions,
+            attached_vcpus,
+            cost_per_hour,
+            billing: Mutex::new(BTreeMap::new()),
+            billed_pools: Mutex::new(BTreeSet::new()),
+            pending_since: Mutex::new(BTreeMap::new()),
             registry,
+        }
+    }
+
+    /// A fleet-wide limit was waited for.
+    pub fn limiter_waited(&self, limit: &str, waited: std::time::Duration) {
+        self.limiter_wait
+            .get_or_create(&LimitLabels {
+                limit: limit.into(),
+            })
+            .observe(waited.as_secs_f64());
+    }
+
+    /// A message was queued for an actor of `actor` kind.
+    pub fn mailbox_in(&self, actor: &str) {
+        self.mailbox(actor).inc();
+    }
+
+    /// An actor of `actor` kind took a message off its queue.
+    pub fn mailbox_out(&self, actor: &str) {
+        self.mailbox(actor).dec();
+    }
+
+    fn mailbox(&self, actor: &str) -> Gauge<i64, AtomicI64> {
+        self.mailbox_depth
+            .get_or_create(&ActorLabels {
+                actor: actor.into(),
+            })
+            .clone()
+    }
+
+    pub fn disruption(&self, reason: &str) {
+        self.disruption_decisions
+            .get_or_create(&ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Provisioning: a NodeClaim was created for pods pending since `oldest`.
+    pub fn nodeclaim_created(
+        &self,
+        nodeclaim: &str,
+        oldest: jiff::Timestamp,
+        now: jiff::Timestamp,
+    ) {
+        self.observe_stage(STAGE_POD_TO_NODECLAIM, now.duration_since(oldest));
+        let mut pending = lock(&self.pending_since);
+        // Bounded: a claim that never initializes is forgotten with the oldest entries.
+        if pending.len() >= 10_000
+            && let Some(first) = pending.keys().next().cloned()
+        {
+            pending.remove(&first);
+        }
+        pending.insert(nodeclaim.to_string(), oldest);
+    }
+
+    /// Provisioning: the NodeClaim created at `created` is initialized (its node Ready).
+    pub fn nodeclaim_initialized(
+        &self,
+        nodeclaim: &str,
+        created: jiff::Timestamp,
+        now: jiff::Timestamp,
+    ) {
+        self.observe_stage(STAGE_NODECLAIM_TO_READY, now.duration_since(created));
+        if let Some(oldest) = lock(&self.pending_since).remove(nodeclaim) {
+            self.observe_stage(STAGE_POD_TO_READY, now.duration_since(oldest));
+        }
+    }
+
+    fn observe_stage(&self, stage: &str, d: jiff::SignedDuration) {
+        self.provisioning_latency
+            .get_or_create(&StageLabels {
+                stage: stage.into(),
+            })
+            .observe(d.as_secs_f64().max(0.0));
+    }
+
+    /// A host joined for the claim `uid`: it is attached (and billed) from now.
+    pub fn attach(&self, uid: &str, billing: Billing) {
+        lock(&self.billed_pools).insert(billing.nodepool.clone());
+        lock(&self.billing).insert(uid.to_string(), billing);
+    }
+
+    /// The claim `uid` ended: its host is no longer attached.
+    pub fn detach(&self, uid: &str) {
+        lock(&self.billing).remove(uid);
+    }
+
+    /// Recompute the billing gauges from the attached claims.
+    fn refresh_billing(&self) {
+        let mut sums: BTreeMap<String, (f64, f64)> = lock(&self.billed_pools)
+            .iter()
+            .map(|p| (p.clone(), (0.0, 0.0)))
+            .collect();
+        for b in lock(&self.billing).values() {
+            let e = sums.entry(b.nodepool.clone()).or_default();
+            e.0 += b.vcpus;
+            e.1 += b.vcpus * b.price_per_cpu_hour;
+        }
+        for (nodepool, (vcpus, cost)) in sums {
+            let labels = NodePoolLabels { nodepool };
+            self.attached_vcpus.get_or_create(&labels).set(vcpus);
+            self.cost_per_hour.get_or_create(&labels).set(cost);
         }
     }
 
@@ -143,6 +360,7 @@ impl Metrics {
                 });
             }
         }
+        self.refresh_billing();
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();

@@ -95,8 +95,10 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
             SupervisorMsg::Host(ev) => on_host_event(&myself, state, *ev).await,
             SupervisorMsg::Node(ev) => on_node_event(state, *ev),
             SupervisorMsg::ToHost(name, m) => {
-                if let Some(a) = state.actors.get(&name) {
-                    let _ = a.send_message(m);
+                if let Some(a) = state.actors.get(&name)
+                    && a.send_message(m).is_ok()
+                {
+                    state.ctx.metrics.mailbox_in("host");
                 }
             }
             SupervisorMsg::WatchError(e) => tracing::warn!(error = %e, "watch error"),
@@ -188,7 +190,9 @@ async fn upsert_host<C: Cluster, T: Transport>(
     let name = host.metadata.name.clone().unwrap_or_default();
     match state.actors.get(&name) {
         Some(a) => {
-            let _ = a.send_message(HostMsg::Observed(Box::new(host)));
+            if a.send_message(HostMsg::Observed(Box::new(host))).is_ok() {
+                state.ctx.metrics.mailbox_in("host");
+            }
         }
         None => spawn_host(myself, state, host).await,
     }
@@ -238,8 +242,10 @@ fn on_node_event<C: Cluster, T: Transport>(state: &SupervisorState<C, T>, ev: Wa
             Some(name) => Some(name.to_string()),
             None => adopt_candidate(state, &node),
         };
-        if let Some(a) = host.and_then(|h| state.actors.get(&h)) {
-            let _ = a.send_message(HostMsg::NodeSeen(Box::new(node)));
+        if let Some(a) = host.and_then(|h| state.actors.get(&h))
+            && a.send_message(HostMsg::NodeSeen(Box::new(node))).is_ok()
+        {
+            state.ctx.metrics.mailbox_in("host");
         }
     }
 }

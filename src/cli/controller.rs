@@ -65,7 +65,10 @@ impl Status for ControllerStatus {
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
-    crate::telemetry::init();
+    let telemetry = crate::telemetry::init()?;
+    if telemetry.exporting() {
+        tracing::info!("exporting traces over OTLP");
+    }
     let mut kube_config = kube::Config::infer()
         .await
         .map_err(|e| anyhow::anyhow!("no cluster: {e} (set KUBECONFIG or run in-cluster)"))?;
@@ -111,6 +114,10 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     ready.set(false);
     karpenter.stop();
     controller.shutdown(args.shutdown_grace).await;
+    // Lifecycles still open end here (the next controller resumes them as new traces), then
+    // whatever the batch exporter holds is sent.
+    ctx.lifecycles.end_all("ControllerShutdown");
+    telemetry.shutdown().await;
     Ok(0)
 }
 

@@ -6,6 +6,7 @@ pub mod phase;
 pub mod probe;
 pub mod sign;
 pub mod sim;
+pub mod status;
 pub mod target;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,24 @@ pub enum Command {
     Sign(sign::SignArgs),
     /// Simulate a fleet under kpssh (capacity and savings planning, fault campaigns).
     Sim(sim::SimArgs),
+    /// The pool at a glance: hosts by state per class, claimable and warm, errors, claims.
+    Status(status::StatusArgs),
+}
+
+/// Parse the command line. Installed as `kubectl-kpssh`, the binary is a kubectl plugin
+/// (`kubectl kpssh status`) and names itself that way in help and errors.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let plugin = std::path::Path::new(&argv0)
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("kubectl-kpssh"));
+    let mut cmd = Cli::command();
+    if plugin {
+        cmd = cmd.bin_name("kubectl kpssh").name("kubectl kpssh");
+    }
+    let matches = cmd.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// Runs the parsed command and returns the process exit code.
@@ -43,5 +62,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Probe(args) => probe::run(args).await,
         Command::Sign(args) => sign::run(args),
         Command::Sim(args) => sim::run(args),
+        Command::Status(args) => status::run(args).await,
     }
 }

@@ -213,6 +213,7 @@ async fn repair<C: Cluster, T: Transport>(
             cfg.repair_after
         );
         events::record(&ctx.cluster, &nc, EventType::Warning, "Repair", msg).await;
+        ctx.metrics.disruption("Unhealthy");
         ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
     }
     Ok(())
@@ -391,6 +392,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
             msg,
         )
         .await;
+        ctx.metrics.disruption(c.reason.as_str());
         disrupting += 1;
         if c.reason == Reason::Underutilized {
             underutilized_done = true;

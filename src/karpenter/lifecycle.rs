@@ -264,6 +264,16 @@ pub async fn reconcile<C: Cluster, T: Transport>(
         let written = ctx.cluster.replace_status(&updated).await?;
         state.observe_claim(written);
         if initialized && !condition_true(nc, "Initialized") {
+            if let Some(uid) = nc.metadata.uid.as_deref() {
+                ctx.lifecycles.step(uid, "initialized", "success");
+            }
+            if let Some(created) = &nc.metadata.creation_timestamp {
+                ctx.metrics.nodeclaim_initialized(
+                    nc.metadata.name.as_deref().unwrap_or_default(),
+                    created.0,
+                    ctx.clock.now(),
+                );
+            }
             let msg = format!("Node {node_name} initialized");
             events::record(&ctx.cluster, nc, EventType::Normal, "Initialized", msg).await;
         }

@@ -155,6 +155,8 @@ impl<C: Cluster, T: Transport> Terminator<C, T> {
         let name = nc.metadata.name.clone().unwrap_or_default();
         let uid = nc.metadata.uid.clone().unwrap_or_default();
         let started = *self.started.entry(uid.clone()).or_insert_with(Instant::now);
+        // The drain step of the claim's lifecycle trace (closed when drained or released).
+        self.ctx.lifecycles.open(&uid, "drain");
         let (node, victims) = {
             let st = self.state.read();
             let node = st.node_of(nc).or_else(|| st.nodes.get(&name)).cloned();
@@ -234,7 +236,10 @@ impl<C: Cluster, T: Transport> Terminator<C, T> {
             .patch::<NodeClaim>(None, &name, &patch)
             .await
         {
-            Ok(nc2) => self.state.observe_claim(nc2),
+            Ok(nc2) => {
+                self.ctx.lifecycles.close(&uid, "drain", "success");
+                self.state.observe_claim(nc2)
+            }
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e.into()),
         }

@@ -4,6 +4,7 @@
 mod acceptance;
 mod disruption;
 mod lifecycle;
+mod metrics;
 mod provisioning;
 mod termination;
 

@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use rand::Rng;
 use serde_json::json;
+use tracing::Instrument;
 
 use super::phases::{PhaseFailure, plan, run_phase};
 use super::probe::write;
@@ -51,15 +52,38 @@ pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, cla
     if state.host.claim() != Some(claim) || state.state() != HostState::Claimed {
         return;
     }
+    let span = state.lifecycle_span(claim);
+    traced(state, claim).instrument(span).await
+}
+
+/// The launch inside the claim's lifecycle span.
+async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, claim: &ClaimRef) {
     let plan = match resolve(state, claim).await {
         Ok(Some(p)) => p,
         Ok(None) => return,
         Err(f) => return fail(state, claim, None, f).await,
     };
+    let nodepool = crate::telemetry::lifecycle::nodepool_of(&plan.claim);
+    if !nodepool.is_empty() {
+        tracing::Span::current().record("nodepool", nodepool);
+    }
     let nodeclaim = plan.claim.clone();
     if let Err(f) = launch(state, &plan).await {
         return fail(state, claim, Some(&nodeclaim), f).await;
     }
+    // Joined: the host is attached (and billed) until its claim ends.
+    let vcpus = host_capacity(state, &plan)
+        .get("cpu")
+        .and_then(quantity::parse)
+        .map_or(0.0, |milli| milli as f64 / 1000.0);
+    state.ctx.metrics.attach(
+        &claim.uid,
+        crate::actors::metrics::Billing {
+            nodepool: nodepool.to_string(),
+            vcpus,
+            price_per_cpu_hour: plan.class.spec.price_per_cpu_hour.parse().unwrap_or(0.0),
+        },
+    );
     for attempt in 1..=5u32 {
         match report_launched(state, &plan).await {
             Ok(()) => break,
@@ -85,7 +109,9 @@ async fn launch<C: Cluster, T: Transport>(
         .status
         .as_ref()
         .and_then(|s| s.installed_profile.clone());
-    if installed.as_deref() != Some(marker.as_str()) {
+    let warm = installed.as_deref() == Some(marker.as_str());
+    tracing::Span::current().record("warm", warm);
+    if !warm {
         run_phase(state, &target, &plan.profile, Phase::Install, &plan.ctx).await?;
         write(state, ProbeStamp::Keep, |s| {
             s.installed_profile = Some(marker.clone())
@@ -107,10 +133,13 @@ async fn launch<C: Cluster, T: Transport>(
         let me = state.myself.clone();
         let after = state.ctx.config.adopt_timeout;
         let claim = plan_claim_ref(plan);
+        let metrics = state.ctx.metrics.clone();
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            if let Some(c) = claim {
-                let _ = me.send_message(super::HostMsg::AdoptDeadline(c));
+            if let Some(c) = claim
+                && me.send_message(super::HostMsg::AdoptDeadline(c)).is_ok()
+            {
+                metrics.mailbox_in("host");
             }
         });
     }
@@ -142,7 +171,10 @@ pub async fn adopt_deadline<C: Cluster, T: Transport>(
     if !waiting {
         return;
     }
-    let left = super::registration::leave(state).await;
+    let span = state.lifecycle_span(claim);
+    let left = super::registration::leave(state)
+        .instrument(span.clone())
+        .await;
     let message = format!(
         "{}: no Node with InternalIP {} and a provider ID appeared within {:?} (providerIDSource Adopt); leave {}",
         state.key(),
@@ -154,7 +186,7 @@ pub async fn adopt_deadline<C: Cluster, T: Transport>(
         message,
         touched_host: left.is_err(),
     };
-    fail(state, claim, None, failure).await;
+    fail(state, claim, None, failure).instrument(span).await;
 }
 
 fn api_failure(e: ClusterError) -> PhaseFailure {
@@ -458,6 +490,7 @@ async fn fail<C: Cluster, T: Transport>(
     } else {
         events::CONFIGURATION_ERROR
     };
+    state.end_lifecycle(&claim.uid, reason, true);
     let nodeclaim = match nodeclaim {
         Some(n) => Some(n.clone()),
         None => state

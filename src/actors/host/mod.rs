@@ -8,6 +8,7 @@ pub mod probe;
 pub mod registration;
 pub mod release;
 pub mod target;
+pub mod trace;
 pub mod verified;
 
 use std::marker::PhantomData;
@@ -68,6 +69,9 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     pub target: Option<target::CachedTarget>,
     /// The Node of a release whose leave failed: deleted once a probe shows the kubelet stopped.
     pub orphan_node: Option<String>,
+    /// The lifecycle trace of the claim this host holds: NodeClaim UID and its root span.
+    /// Rebuilt (marked resumed) when the actor restarts mid-lifecycle.
+    pub lifecycle: Option<(String, tracing::Span)>,
 }
 
 impl<C: Cluster, T: Transport> HostActorState<C, T> {
@@ -147,6 +151,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         let name = host.metadata.name.clone().unwrap_or_default();
         // Probe at once: a new host, or an actor rebuilt after a crash, learns where it stands.
         myself.send_message(HostMsg::Probe)?;
+        ctx.metrics.mailbox_in("host");
         let myself = myself.clone();
         Ok(HostActorState {
             ctx,
@@ -158,6 +163,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             myself,
             target: None,
             orphan_node: None,
+            lifecycle: None,
         })
     }
 
@@ -173,13 +179,15 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         Ok(())
     }
 
-    #[tracing::instrument(skip_all, fields(host = %state.name))]
+    // Debug level: each message is not a trace of its own; probes and lifecycles are.
+    #[tracing::instrument(level = "debug", skip_all, fields(host = %state.name))]
     async fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        state.ctx.metrics.mailbox_out("host");
         match msg {
             HostMsg::Observed(host) => {
                 let old = state.host.clone();

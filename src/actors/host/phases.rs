@@ -8,6 +8,9 @@ use crate::profile::phase::{
     render_phase,
 };
 use crate::ssh::{HostTarget, RemoteCommand, Transport};
+use crate::telemetry::lifecycle::millis;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::HostActorState;
 use crate::actors::metrics::{InFlight, PhaseLabels};
@@ -88,7 +91,8 @@ pub fn plan(
     Ok((cmd, redactor))
 }
 
-/// Run `phase` and succeed only on exit status 0.
+/// Run `phase` and succeed only on exit status 0, as a span named after the phase (a child
+/// of the current span: the claim's lifecycle or a zombie action) with an `ssh.exec` child.
 pub async fn run_phase<C: Cluster, T: Transport>(
     state: &HostActorState<C, T>,
     target: &HostTarget,
@@ -96,17 +100,72 @@ pub async fn run_phase<C: Cluster, T: Transport>(
     phase: Phase,
     ctx: &PhaseContext,
 ) -> Result<(), PhaseFailure> {
+    let span = tracing::info_span!(
+        "phase",
+        otel.name = phase.as_str(),
+        phase = phase.as_str(),
+        host = %state.key(),
+        profile = %profile.marker(),
+        outcome = Empty,
+        exit_code = Empty,
+        limiter_wait_ms = Empty,
+        duration_ms = Empty,
+        otel.status_code = Empty,
+    );
+    let result = run_phase_inner(state, target, profile, phase, ctx)
+        .instrument(span.clone())
+        .await;
+    if let Err(f) = &result {
+        span.record("otel.status_code", "ERROR");
+        if !f.touched_host {
+            span.record("outcome", "config_error");
+        }
+    }
+    result
+}
+
+async fn run_phase_inner<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    target: &HostTarget,
+    profile: &SSHJoinProfile,
+    phase: Phase,
+    ctx: &PhaseContext,
+) -> Result<(), PhaseFailure> {
+    let span = tracing::Span::current();
     let (cmd, redactor) = plan(&state.host, profile, phase, ctx, state.ctx.clock.now())?;
+    let waiting = tokio::time::Instant::now();
     let _permit = state.ctx.limits.phase().await;
+    span.record("limiter_wait_ms", millis(waiting));
+    state.ctx.metrics.limiter_waited("phase", waiting.elapsed());
     let metrics = &state.ctx.metrics;
     let _in_flight = InFlight::new(&metrics.phases_in_flight);
     let started = tokio::time::Instant::now();
-    let result = state.ctx.transport.exec(target, cmd).await;
+    let exec = tracing::info_span!(
+        "ssh.exec",
+        host = %state.key(),
+        phase = phase.as_str(),
+        outcome = Empty,
+        exit_code = Empty,
+        duration_ms = Empty,
+    );
+    let result = state
+        .ctx
+        .transport
+        .exec(target, cmd)
+        .instrument(exec.clone())
+        .await;
     let outcome = match &result {
         Ok(o) if o.success() => "success",
         Ok(_) => "failure",
         Err(_) => "error",
     };
+    for s in [&span, &exec] {
+        s.record("outcome", outcome);
+        s.record("duration_ms", millis(started));
+        if let Ok(o) = &result {
+            s.record("exit_code", i64::from(o.exit_status));
+        }
+    }
     metrics
         .phase_duration
         .get_or_create(&PhaseLabels {

@@ -13,13 +13,37 @@ use crate::actors::status::{ProbeStamp, write_status};
 use crate::api::{ExecMode, HostState, SSHHost, SSHHostStatus};
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::ssh::{ProbeReport, Transport};
+use crate::telemetry::lifecycle::millis;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 /// Probe once, write what changed, schedule the next probe.
 pub async fn run<C: Cluster, T: Transport>(
     myself: &ActorRef<HostMsg>,
     state: &mut HostActorState<C, T>,
 ) {
-    let next = match probe_once(state).await {
+    // Each probe is a trace of its own (zombie actions it triggers are children).
+    let span = tracing::info_span!(
+        parent: None,
+        "probe",
+        host = %state.key(),
+        class = %state.host.class(),
+        state = state.state().as_str(),
+        outcome = Empty,
+        duration_ms = Empty,
+    );
+    let started = tokio::time::Instant::now();
+    let result = probe_once(state).instrument(span.clone()).await;
+    span.record("duration_ms", millis(started));
+    span.record(
+        "outcome",
+        match &result {
+            Ok(()) => "ok",
+            Err(ClusterError::Conflict { .. }) => "conflict",
+            Err(_) => "error",
+        },
+    );
+    let next = match result {
         Ok(()) => {
             state.failures = 0;
             state.ctx.config.probe_interval
@@ -62,9 +86,12 @@ fn schedule<C: Cluster, T: Transport>(
         t.abort();
     }
     let me = myself.clone();
+    let metrics = state.ctx.metrics.clone();
     state.probe_timer = Some(tokio::spawn(async move {
         tokio::time::sleep(after).await;
-        let _ = me.send_message(HostMsg::Probe);
+        if me.send_message(HostMsg::Probe).is_ok() {
+            metrics.mailbox_in("host");
+        }
     }));
 }
 
@@ -89,9 +116,21 @@ async fn probe_once<C: Cluster, T: Transport>(
     let shim = (state.host.spec.exec_mode == ExecMode::Verified)
         .then(|| state.host.spec.shim_command.clone());
     let result = {
+        let waiting = tokio::time::Instant::now();
         let _permit = state.ctx.limits.probe().await;
+        state.ctx.metrics.limiter_waited("probe", waiting.elapsed());
         let started = tokio::time::Instant::now();
-        let probe = state.ctx.transport.probe(&target, shim.as_deref());
+        let ssh = tracing::info_span!(
+            "ssh.probe",
+            host = %state.key(),
+            outcome = Empty,
+            duration_ms = Empty
+        );
+        let probe = state
+            .ctx
+            .transport
+            .probe(&target, shim.as_deref())
+            .instrument(ssh.clone());
         let result = match tokio::time::timeout(state.ctx.config.probe_timeout, probe).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!(
@@ -101,6 +140,8 @@ async fn probe_once<C: Cluster, T: Transport>(
             )),
         };
         let outcome = if result.is_ok() { "success" } else { "failure" };
+        ssh.record("outcome", outcome);
+        ssh.record("duration_ms", millis(started));
         state
             .ctx
             .metrics

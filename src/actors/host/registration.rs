@@ -13,6 +13,8 @@ use crate::api::{HostState, NodeClaim};
 use crate::k8s::{Cluster, ClusterError, EventType, finalizers};
 use crate::profile::phase::Phase;
 use crate::ssh::Transport;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 pub const TOKEN_NAMESPACE: &str = "kube-system";
 
@@ -45,6 +47,7 @@ pub async fn release_if_stale<C: Cluster, T: Transport>(
         s.bootstrap_token_id = None;
     })
     .await?;
+    state.end_lifecycle(&claim.uid, events::STALE_CLAIM, true);
     let msg = format!(
         "NodeClaim {} (uid {}) no longer exists; claim released",
         claim.name, claim.uid
@@ -173,6 +176,10 @@ async fn try_node_seen<C: Cluster, T: Transport>(
         s.bootstrap_token_id = None;
     })
     .await?;
+    state
+        .ctx
+        .lifecycles
+        .step(&claim.uid, "registered", "success");
     if expected.is_none() {
         adopt_into_claim(state, &claim.name, &provider_id).await?;
     }
@@ -205,6 +212,25 @@ async fn adopt_into_claim<C: Cluster, T: Transport>(
 pub async fn zombie_check<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
 ) -> Result<(), ClusterError> {
+    let span = zombie_span(state);
+    zombie_check_inner(state).instrument(span).await
+}
+
+/// A zombie action: a child of the probe that found the kubelet, `action` recorded as it is
+/// decided (`foreign`, `leave`, `leave_failed`).
+fn zombie_span<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> tracing::Span {
+    tracing::info_span!(
+        "zombie",
+        host = %state.key(),
+        class = %state.host.class(),
+        action = Empty,
+        outcome = Empty,
+    )
+}
+
+async fn zombie_check_inner<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<(), ClusterError> {
     let marker = state
         .host
         .status
@@ -225,7 +251,9 @@ pub async fn zombie_check<C: Cluster, T: Transport>(
                 .as_ref()
                 .and_then(|s| s.last_probe_error.as_ref())
                 == Some(&msg);
+        tracing::Span::current().record("action", "foreign");
         if already {
+            tracing::Span::current().record("outcome", "unchanged");
             return Ok(());
         }
         write(state, ProbeStamp::Keep, |s| {
@@ -233,6 +261,7 @@ pub async fn zombie_check<C: Cluster, T: Transport>(
             s.last_probe_error = Some(msg.clone());
         })
         .await?;
+        zombie_action(state, "foreign");
         events::record(
             &state.ctx.cluster,
             &state.host,
@@ -262,6 +291,19 @@ pub async fn zombie_check<C: Cluster, T: Transport>(
 
 /// Run leave on a Leaving host, then delete the orphan Node (its kubelet is stopped now).
 pub async fn zombie_leave<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+) -> Result<(), ClusterError> {
+    let current = tracing::Span::current();
+    let span = if current.metadata().is_some_and(|m| m.name() == "zombie") {
+        current
+    } else {
+        // A Leaving host found by the probe after a restart: the action resumes here.
+        zombie_span(state)
+    };
+    zombie_leave_inner(state).instrument(span).await
+}
+
+async fn zombie_leave_inner<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
 ) -> Result<(), ClusterError> {
     match leave(state).await {
@@ -306,6 +348,14 @@ pub async fn zombie_leave<C: Cluster, T: Transport>(
 }
 
 fn zombie_action<C: Cluster, T: Transport>(state: &HostActorState<C, T>, action: &str) {
+    let span = tracing::Span::current();
+    span.record("action", action);
+    let outcome = match action {
+        "leave" => "success",
+        "leave_failed" => "failure",
+        _ => "parked",
+    };
+    span.record("outcome", outcome);
     state
         .ctx
         .metrics

@@ -10,6 +10,7 @@ use crate::api::{ClaimRef, HostState};
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 use k8s_openapi::api::core::v1::Node;
+use tracing::Instrument;
 
 pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, claim: &ClaimRef) {
     for _ in 0..3 {
@@ -38,6 +39,17 @@ async fn try_release<C: Cluster, T: Transport>(
     if state.host.claim() != Some(claim) {
         return Ok(());
     }
+    let span = state.lifecycle_span(claim);
+    // The drain is over (or its grace period ran out) once the release arrives.
+    state.ctx.lifecycles.close(&claim.uid, "drain", "released");
+    finish(state, claim).instrument(span).await
+}
+
+/// Leave, Node, token and the releasing CAS, inside the claim's lifecycle span.
+async fn finish<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: &ClaimRef,
+) -> Result<(), crate::k8s::ClusterError> {
     let outcome = leave(state).await;
     delete_token(state).await?;
     let failure = outcome.as_ref().err().map(|f| f.message.clone());
@@ -61,6 +73,18 @@ async fn try_release<C: Cluster, T: Transport>(
         }
     })
     .await?;
+    let failed = failure.is_some();
+    let result = if failed { "failure" } else { "success" };
+    state.ctx.lifecycles.step(&claim.uid, "released", result);
+    state.end_lifecycle(
+        &claim.uid,
+        if failed {
+            events::LEAVE_FAILED
+        } else {
+            events::RELEASED
+        },
+        failed,
+    );
     let (type_, reason, msg) = match failure {
         None => (
             EventType::Normal,

@@ -78,6 +78,7 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
     ) -> Result<Self::State, ActorProcessingErr> {
         let mut stream = ctx.cluster.watch::<NodeClaim>(None);
         let me = myself.clone();
+        let metrics = ctx.metrics.clone();
         let watch = tokio::spawn(async move {
             while let Some(ev) = stream.next().await {
                 match ev {
@@ -85,18 +86,21 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
                         if me.send_message(RouterMsg::Claim(Box::new(ev))).is_err() {
                             return;
                         }
+                        metrics.mailbox_in("router");
                     }
                     Err(e) => tracing::warn!(error = %e, "NodeClaim watch error"),
                 }
             }
         });
         let me = myself.clone();
+        let metrics = ctx.metrics.clone();
         let tick = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(TICK).await;
                 if me.send_message(RouterMsg::Tick).is_err() {
                     return;
                 }
+                metrics.mailbox_in("router");
             }
         });
         Ok(RouterState {
@@ -129,6 +133,7 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        state.ctx.metrics.mailbox_out("router");
         let msg = match msg {
             RouterMsg::Claim(ev) => Some(*ev),
             RouterMsg::Tick => None,
@@ -317,6 +322,14 @@ async fn claim_host<C: Cluster, T: Transport>(
                 state.claimed += 1;
                 state.ctx.metrics.claims.inc();
                 state.launches.insert(claim.uid.clone());
+                let subject = crate::telemetry::lifecycle::Subject::new(
+                    &format!("{}/{name}", state.ctx.pool_ns()),
+                    host.class(),
+                    &claim,
+                    crate::telemetry::lifecycle::nodepool_of(nc),
+                );
+                state.ctx.lifecycles.begin(&subject);
+                state.ctx.lifecycles.step(&claim.uid, "claim", "success");
                 send(state, name, HostMsg::Launch(claim.clone()));
                 let msg = format!("claimed SSHHost {}/{name}", state.ctx.pool_ns());
                 events::record(&cluster, nc, EventType::Normal, events::CLAIMED, msg).await;

@@ -257,6 +257,29 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
         budgets
     }
 
+    /// `kpssh_provisioning_latency_seconds{stage="pod_to_nodeclaim"}`: from the oldest pod
+    /// this NodeClaim is for.
+    fn observe_latency(&self, name: &str, claim: &NewClaim) {
+        let oldest = {
+            let st = self.state.read();
+            st.pods
+                .values()
+                .filter(|p| {
+                    claim.pods.iter().any(|(ns, n)| {
+                        p.metadata.namespace.as_deref() == Some(ns.as_str())
+                            && p.metadata.name.as_deref() == Some(n.as_str())
+                    })
+                })
+                .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
+                .min()
+        };
+        if let Some(oldest) = oldest {
+            self.ctx
+                .metrics
+                .nodeclaim_created(name, oldest, self.ctx.clock.now());
+        }
+    }
+
     async fn create_claim(
         &mut self,
         pool: &NodePool,
@@ -278,6 +301,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                 Ok(created) => {
                     let name = created.metadata.name.clone().unwrap_or_default();
                     self.state.observe_claim(created.clone());
+                    self.observe_latency(&name, claim);
                     let msg = format!(
                         "launching NodeClaim {name} ({}) for {} pod(s)",
                         claim.instance_type,
