@@ -7,16 +7,16 @@
 //! by marking the NodeClaim (annotation + disrupted taint): the termination controller drains
 //! it and deletes it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 
 use super::lifecycle::{condition_true, node_ready};
-use super::scheduling::{PodInfo, SimNode, place_all, sort_pods};
+use super::scheduling::{PodInfo, SimNode, sort_pods};
 use super::state::{ClusterState, Inner};
 use super::termination::{is_marked, parse_duration, taint_node};
 use super::{DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets, pods, quantity};
@@ -90,12 +90,38 @@ fn initialized_at(nc: &NodeClaim) -> Option<Timestamp> {
         .map(|c| c.last_transition_time.0)
 }
 
-/// Nodes other pods could move to: Ready, schedulable, not being disrupted, not `skip`.
-fn other_nodes(st: &Inner, skip: &str) -> Vec<SimNode> {
+/// Pods bound to each node, built once per evaluation ([`Inner::pods_on`] scans every pod).
+fn pods_by_node(st: &Inner) -> HashMap<&str, Vec<&Pod>> {
+    let mut by_node: HashMap<&str, Vec<&Pod>> = HashMap::new();
+    for p in st.pods.values() {
+        if let Some(n) = pods::node_name(p) {
+            by_node.entry(n).or_default().push(p);
+        }
+    }
+    by_node
+}
+
+/// Nodes other pods could move to: Ready, schedulable, not being disrupted.
+fn other_nodes(st: &Inner) -> Vec<SimNode> {
+    let by_node = pods_by_node(st);
+    // NodeClaims by node name and provider ID ([`Inner::claim_of_node`] scans every claim).
+    let mut claim_by_name: HashMap<&str, &NodeClaim> = HashMap::new();
+    let mut claim_by_pid: HashMap<&str, &NodeClaim> = HashMap::new();
+    for nc in st.nodeclaims.values() {
+        let Some(s) = nc.status.as_ref() else {
+            continue;
+        };
+        if let Some(n) = s.node_name.as_deref() {
+            claim_by_name.entry(n).or_insert(nc);
+        }
+        if let Some(p) = s.provider_id.as_deref().filter(|p| !p.is_empty()) {
+            claim_by_pid.entry(p).or_insert(nc);
+        }
+    }
     let mut out = vec![];
     for node in st.nodes.values() {
         let name = node.metadata.name.clone().unwrap_or_default();
-        if name == skip || node.metadata.deletion_timestamp.is_some() {
+        if node.metadata.deletion_timestamp.is_some() {
             continue;
         }
         if node_ready(node).is_none_or(|c| c.status != "True")
@@ -103,7 +129,11 @@ fn other_nodes(st: &Inner, skip: &str) -> Vec<SimNode> {
         {
             continue;
         }
-        let claim = st.claim_of_node(node);
+        let pid = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+        let claim = claim_by_name
+            .get(name.as_str())
+            .or_else(|| pid.and_then(|p| claim_by_pid.get(p)))
+            .copied();
         if claim.is_some_and(|c| c.metadata.deletion_timestamp.is_some() || is_marked(c)) {
             continue;
         }
@@ -141,7 +171,8 @@ fn other_nodes(st: &Inner, skip: &str) -> Vec<SimNode> {
             allocatable: alloc,
             ..Default::default()
         };
-        for p in st.pods_on(&name).filter(|p| pods::counts_on_node(p)) {
+        let bound = by_node.get(name.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+        for p in bound.iter().filter(|p| pods::counts_on_node(p)) {
             sim.add(&PodInfo::new(p));
         }
         out.push(sim);
@@ -149,16 +180,50 @@ fn other_nodes(st: &Inner, skip: &str) -> Vec<SimNode> {
     out
 }
 
+/// The nodes pods could move to, built once per evaluation. Checking a candidate then costs
+/// one pass over these nodes; rebuilding them per candidate (every node's usage from every pod)
+/// made a round over a packed 1,000-node fleet, where no candidate fits, take minutes.
+pub struct Elsewhere {
+    nodes: Vec<SimNode>,
+}
+
+impl Elsewhere {
+    pub fn new(st: &Inner) -> Self {
+        Elsewhere {
+            nodes: other_nodes(st),
+        }
+    }
+
+    /// Every pod that would have to move from `node` fits on the other nodes: first fit in
+    /// node order, as [`super::scheduling::place_all`] places them, without changing the cached nodes.
+    pub fn fits(&self, st: &Inner, node: &str) -> bool {
+        let mut moving: Vec<PodInfo> = st
+            .pods_on(node)
+            .filter(|p| pods::is_reschedulable(p))
+            .map(PodInfo::new)
+            .collect();
+        sort_pods(&mut moving);
+        // Nodes that took a moving pod, with it added.
+        let mut taken: HashMap<usize, SimNode> = HashMap::new();
+        'pods: for p in &moving {
+            for (i, n) in self.nodes.iter().enumerate() {
+                if n.name == node {
+                    continue;
+                }
+                if taken.get(&i).unwrap_or(n).fits(p) {
+                    taken.entry(i).or_insert_with(|| n.clone()).add(p);
+                    continue 'pods;
+                }
+            }
+            return false;
+        }
+        true
+    }
+}
+
 /// Every pod that would have to move from `node` fits on the other nodes.
 pub fn fits_elsewhere(st: &Inner, node: &str) -> bool {
-    let mut moving: Vec<PodInfo> = st
-        .pods_on(node)
-        .filter(|p| pods::is_reschedulable(p))
-        .map(PodInfo::new)
-        .collect();
-    sort_pods(&mut moving);
-    let mut others = other_nodes(st, node);
-    place_all(&moving, &mut others).is_empty()
+    Elsewhere::new(st).fits(st, node)
 }
 
 struct Candidate {
@@ -263,6 +328,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
             .iter()
             .filter(|nc| nc.metadata.deletion_timestamp.is_some() || is_marked(nc))
             .count() as i64;
+        let by_node = pods_by_node(&st);
         let mut cands = vec![];
         for nc in mine {
             if nc.metadata.deletion_timestamp.is_some()
@@ -274,17 +340,18 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
             }
             let Some(node) = st.node_of(nc) else { continue };
             let node_name = node.metadata.name.clone().unwrap_or_default();
+            let bound = by_node
+                .get(node_name.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
             if annotated(&node.metadata, DO_NOT_DISRUPT_ANNOTATION)
-                || st
-                    .pods_on(&node_name)
+                || bound
+                    .iter()
                     .any(|p| pods::counts_on_node(p) && pods::do_not_disrupt(p))
             {
                 continue;
             }
-            let moving = st
-                .pods_on(&node_name)
-                .filter(|p| pods::is_reschedulable(p))
-                .count();
+            let moving = bound.iter().filter(|p| pods::is_reschedulable(p)).count();
             let age = nc
                 .metadata
                 .creation_timestamp
@@ -352,6 +419,8 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
     });
     let mut done = vec![];
     let mut underutilized_done = false;
+    // Built at the first under-utilisation check, after this round's other marks.
+    let mut elsewhere: Option<Elsewhere> = None;
     for c in candidates {
         let budget_reason = match c.reason {
             Reason::Expired | Reason::Drifted => "Drifted",
@@ -365,7 +434,16 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
         let node_name = c.node.metadata.name.clone().unwrap_or_default();
         if c.reason == Reason::Underutilized {
             // One consolidation move per round; its pods must all fit on the other nodes.
-            if underutilized_done || !fits_elsewhere(&state.read(), &node_name) {
+            if underutilized_done {
+                continue;
+            }
+            let fits = {
+                let st = state.read();
+                elsewhere
+                    .get_or_insert_with(|| Elsewhere::new(&st))
+                    .fits(&st, &node_name)
+            };
+            if !fits {
                 continue;
             }
         }
