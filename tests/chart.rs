@@ -863,7 +863,10 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
 /// here too; the live check above fails if a live name is missing from this one.
 fn full_exposition() -> String {
     use kpssh::actors::context::HostView;
-    use kpssh::actors::metrics::{ActionLabels, Metrics, OutcomeLabels, PhaseLabels};
+    use kpssh::actors::metrics::{
+        ActionLabels, ActorLabels, LimitLabels, Metrics, NodePoolLabels, OutcomeLabels,
+        PhaseLabels, ReasonLabels, StageLabels,
+    };
     let m = Metrics::new();
     let view = HostView::default();
     view.upsert(kpssh::sim::world::host_object(
@@ -888,6 +891,31 @@ fn full_exposition() -> String {
             action: "leave".into(),
         })
         .inc();
+    m.limiter_wait
+        .get_or_create(&LimitLabels {
+            limit: "phases".into(),
+        })
+        .observe(0.1);
+    m.mailbox_depth
+        .get_or_create(&ActorLabels {
+            actor: "host".into(),
+        })
+        .set(1);
+    m.provisioning_latency
+        .get_or_create(&StageLabels {
+            stage: "pod_to_ready".into(),
+        })
+        .observe(30.0);
+    m.disruption_decisions
+        .get_or_create(&ReasonLabels {
+            reason: "Empty".into(),
+        })
+        .inc();
+    let pool = NodePoolLabels {
+        nodepool: "default".into(),
+    };
+    m.attached_vcpus.get_or_create(&pool).set(4.0);
+    m.cost_per_hour.get_or_create(&pool).set(0.08);
     m.encode(&view)
 }
 

@@ -30,9 +30,18 @@ pub fn spawn<C: Cluster, T: Transport>(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
+        let mut last_seq = None;
+        let mut last_pass = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(cfg.reconcile_interval).await;
             let now = tokio::time::Instant::now();
+            // Nothing changed and no resync due: not even a pass over the claims.
+            let seq = state.read().claims_seq;
+            if last_seq == Some(seq) && now < last_pass + cfg.idle_resync {
+                continue;
+            }
+            last_seq = Some(seq);
+            last_pass = now;
             let claims = due(&state, &mut seen, now, cfg.idle_resync);
             for nc in claims {
                 if let Err(e) = reconcile(&ctx, &state, &cfg, &nc).await {
@@ -41,6 +50,7 @@ pub fn spawn<C: Cluster, T: Transport>(
                     if let Some(name) = nc.metadata.name.as_deref() {
                         seen.remove(name);
                     }
+                    last_seq = None;
                 }
             }
         }
@@ -67,12 +77,14 @@ fn due(
     seen.retain(|name, _| st.nodeclaims.contains_key(name));
     let mut out = vec![];
     for (name, nc) in &st.nodeclaims {
-        let claim_rv = nc.metadata.resource_version.clone();
+        let claim_rv = nc.metadata.resource_version.as_deref();
         let node_rv = st
             .node_of(nc)
-            .and_then(|n| n.metadata.resource_version.clone());
+            .and_then(|n| n.metadata.resource_version.as_deref());
         let unchanged = seen.get(name).is_some_and(|s| {
-            s.claim_rv == claim_rv && s.node_rv == node_rv && now < s.at + idle_resync
+            s.claim_rv.as_deref() == claim_rv
+                && s.node_rv.as_deref() == node_rv
+                && now < s.at + idle_resync
         });
         if unchanged {
             continue;
@@ -80,8 +92,8 @@ fn due(
         seen.insert(
             name.clone(),
             Seen {
-                claim_rv,
-                node_rv,
+                claim_rv: claim_rv.map(str::to_string),
+                node_rv: node_rv.map(str::to_string),
                 at: now,
             },
         );

@@ -75,7 +75,7 @@ impl Default for KarpenterConfig {
             batch_max: Duration::from_secs(10),
             provision_retry: Duration::from_secs(10),
             reconcile_interval: Duration::from_secs(1),
-            idle_resync: Duration::from_secs(10),
+            idle_resync: Duration::from_secs(30),
             registration_timeout: Duration::from_secs(15 * 60),
             repair_after: Duration::from_secs(10 * 60),
             disruption_interval: Duration::from_secs(10),

@@ -36,6 +36,8 @@ pub struct Inner {
     pub pod_events: BTreeMap<String, Timestamp>,
     /// Bumped whenever the set of unschedulable pending pods changes (the batcher's signal).
     pub pending_seq: u64,
+    /// Bumped on every NodeClaim or Node change (the lifecycle loop's signal).
+    pub claims_seq: u64,
     /// Kinds whose first list arrived.
     pub synced: u8,
 }
@@ -125,6 +127,7 @@ impl ClusterState {
             .get(&name)
             .is_none_or(|old| rv(old) <= rv(&nc));
         if newer {
+            st.claims_seq += 1;
             st.nodeclaims.insert(name, nc);
         }
     }
@@ -245,10 +248,12 @@ fn apply_nodepool(st: &mut Inner, c: Change<NodePool>, _: Timestamp) {
 }
 
 fn apply_nodeclaim(st: &mut Inner, c: Change<NodeClaim>, _: Timestamp) {
+    st.claims_seq += 1;
     apply_named(&mut st.nodeclaims, c, NodeClaim::is_ours);
 }
 
 fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
+    st.claims_seq += 1;
     apply_named(&mut st.nodes, c, |_| true);
 }
 

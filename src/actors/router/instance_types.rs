@@ -116,14 +116,30 @@ pub fn host_capacity(host: &SSHHost) -> BTreeMap<String, i128> {
     cap
 }
 
+/// One resource of [`host_capacity`], without building the map (asked per host per pass).
+pub fn capacity_of(host: &SSHHost, resource: &str) -> Option<i128> {
+    let declared = host.spec.capacity.get(resource).and_then(quantity::parse);
+    let observed = host
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_capacity.as_ref())
+        .and_then(|o| o.get(resource))
+        .and_then(quantity::parse);
+    match (declared, observed) {
+        (Some(d), Some(o)) => Some(d.min(o)),
+        (d, o) => d.or(o),
+    }
+}
+
 /// A probed host with positive cpu and memory (S29).
 pub fn usable(host: &SSHHost) -> bool {
     let probed = host
         .status
         .as_ref()
         .is_some_and(|s| s.observed_arch.is_some());
-    let cap = host_capacity(host);
-    probed && cap.get("cpu").is_some_and(|c| *c > 0) && cap.get("memory").is_some_and(|m| *m > 0)
+    probed
+        && capacity_of(host, "cpu").is_some_and(|c| c > 0)
+        && capacity_of(host, "memory").is_some_and(|m| m > 0)
 }
 
 pub fn claimable(host: &SSHHost) -> bool {

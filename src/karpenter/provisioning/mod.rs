@@ -102,6 +102,10 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                 .filter(|p| super::pods::is_provisionable(p))
                 .map(PodInfo::new)
                 .collect();
+            if pods.is_empty() {
+                // Nothing pending: no copy of the NodeClaims and NodePools.
+                return Ok(ProvisionReport::default());
+            }
             let pools: Vec<NodePool> = st
                 .nodepools
                 .values()
@@ -114,9 +118,6 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             pending: pods.len(),
             ..Default::default()
         };
-        if pods.is_empty() {
-            return Ok(report);
-        }
         super::scheduling::sort_pods(&mut pods);
         // Unsupported constraints: never ignored silently.
         let mut supported = vec![];
