@@ -91,6 +91,9 @@ pub struct HostView {
 
 #[derive(Default)]
 struct ViewInner {
+    /// Bumped on every change, so that passes over the whole pool can be skipped when nothing
+    /// moved.
+    version: u64,
     /// Shared, immutable copies: a snapshot of ten thousand hosts is ten thousand pointer
     /// copies, not ten thousand deep clones.
     hosts: BTreeMap<String, Arc<SSHHost>>,
@@ -129,23 +132,34 @@ impl HostView {
     pub fn upsert(&self, host: SSHHost) {
         let name = host.metadata.name.clone().unwrap_or_default();
         let mut view = self.write();
-        // Never go back in time: a stale event must not overwrite a newer write we saw.
-        let newer = view.hosts.get(&name).is_none_or(|old| rv(old) <= rv(&host));
+        // Never go back in time: a stale event must not overwrite a newer write we saw. The
+        // same resourceVersion is the same object: nothing to do.
+        let newer = view.hosts.get(&name).is_none_or(|old| rv(old) < rv(&host));
         if newer {
             view.insert(host);
+            view.version += 1;
         }
     }
 
     pub fn remove(&self, name: &str) {
-        self.write().remove(name);
+        let mut view = self.write();
+        view.remove(name);
+        view.version += 1;
     }
 
     pub fn replace_all(&self, hosts: Vec<SSHHost>) {
         let mut view = self.write();
+        let version = view.version + 1;
         *view = ViewInner::default();
+        view.version = version;
         for h in hosts {
             view.insert(h);
         }
+    }
+
+    /// Changes so far (any host added, updated or removed).
+    pub fn version(&self) -> u64 {
+        self.read().version
     }
 
     pub fn get(&self, name: &str) -> Option<SSHHost> {

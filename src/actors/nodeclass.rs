@@ -49,6 +49,9 @@ pub struct NodeClassState<C: Cluster, T: Transport> {
     /// Our NodeClaims by name → the class they reference.
     claims: BTreeMap<String, String>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Host-view version at the last full pass; `dirty` when a claim changed or a pass failed.
+    hosts_seen: Option<u64>,
+    dirty: bool,
 }
 
 fn pump<K: Send + 'static>(
@@ -109,6 +112,8 @@ impl<C: Cluster, T: Transport> Actor for NodeClassController<C, T> {
             profiles: BTreeMap::new(),
             claims: BTreeMap::new(),
             tasks,
+            hosts_seen: None,
+            dirty: true,
         })
     }
 
@@ -134,11 +139,19 @@ impl<C: Cluster, T: Transport> Actor for NodeClassController<C, T> {
             NodeClassMsg::Profile(ev) => apply(&mut state.profiles, ev),
             NodeClassMsg::Claim(ev) => {
                 on_claim(state, ev);
+                state.dirty = true;
                 return Ok(());
             }
-            NodeClassMsg::Resync => {}
+            NodeClassMsg::Resync => {
+                // A pass reads every host: skip it when neither the pool nor a claim moved.
+                if !state.dirty && state.hosts_seen == Some(state.ctx.hosts.version()) {
+                    return Ok(());
+                }
+            }
         }
-        reconcile_all(state).await;
+        state.hosts_seen = Some(state.ctx.hosts.version());
+        // A failed pass is retried at the next resync.
+        state.dirty = !reconcile_all(state).await;
         Ok(())
     }
 }
@@ -196,17 +209,22 @@ fn apply<K: kube::Resource + Clone>(map: &mut BTreeMap<String, K>, ev: WatchEven
     }
 }
 
-async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T>) {
+/// Every class and profile; false when any of them failed.
+async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T>) -> bool {
     let names: Vec<String> = state.classes.keys().cloned().collect();
     let hosts = state.ctx.hosts.snapshot();
+    let mut ok = true;
     for name in names {
         if let Err(e) = reconcile_class(state, &name, &hosts).await {
             tracing::warn!(nodeclass = %name, error = %e, "node class not reconciled");
+            ok = false;
         }
     }
     if let Err(e) = reconcile_profiles(state, &hosts).await {
         tracing::warn!(error = %e, "profile finalizers not reconciled");
+        ok = false;
     }
+    ok
 }
 
 /// The Ready condition's (ok, reason, message) for a class (S32).
