@@ -5,7 +5,7 @@ use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use super::instance_types::{
-    ClassSelector, InstanceTypeError, claimable, host_capacity, instance_types, usable,
+    ClassSelector, InstanceTypeError, capacity_of, claimable, instance_types, usable,
 };
 use super::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
@@ -64,7 +64,6 @@ fn created(h: &SSHHost) -> Option<jiff::Timestamp> {
 /// The NodeClaim's resource requests fit the host's allocatable (capacity less kubeReserved;
 /// pods against maxPods).
 pub fn fits(claim: &NodeClaim, host: &SSHHost, class: &SSHNodeClass) -> bool {
-    let cap = host_capacity(host);
     claim.spec.resources.requests.iter().all(|(k, v)| {
         let Some(want) = quantity::parse(v) else {
             return false;
@@ -78,6 +77,6 @@ pub fn fits(claim: &NodeClaim, host: &SSHHost, class: &SSHNodeClass) -> bool {
             .get(k)
             .and_then(quantity::parse)
             .unwrap_or(0);
-        cap.get(k).is_some_and(|have| want <= have - reserved)
+        capacity_of(host, k).is_some_and(|have| want <= have - reserved)
     })
 }
