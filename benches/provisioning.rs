@@ -235,14 +235,9 @@ async fn provisioning(pods: usize, hosts: usize) -> Provisioned {
     let w = World::start_bare(Config::default(), 11)
         .await
         .expect("world");
-    w.cluster
-        .create(&sim_profile("p", "1"))
+    w.add_profile_and_class("p", "pool")
         .await
-        .expect("profile");
-    w.cluster
-        .create(&node_class("pool", "p"))
-        .await
-        .expect("class");
+        .expect("profile and class");
     let start = Instant::now();
     for i in 0..hosts {
         let addr = format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256);

@@ -14,7 +14,7 @@ use kpssh::actors::Config;
 use kpssh::api::{HostState, NodeClaim};
 use kpssh::k8s::Cluster;
 use kpssh::sim::SimHost;
-use kpssh::sim::world::{World, node_claim, node_class, sim_profile};
+use kpssh::sim::world::{World, node_claim};
 use kpssh::telemetry::otlp::Settings;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -212,14 +212,9 @@ fn drive_sim(provider: &opentelemetry_sdk::trace::SdkTracerProvider, warm_too: b
     tracing::subscriber::with_default(kpssh::telemetry::subscriber(provider), || {
         rt.block_on(async {
             let w = World::start(Config::default(), 11).await.expect("world");
-            w.cluster
-                .create(&sim_profile("p", "1"))
+            w.add_profile_and_class("p", "pool")
                 .await
-                .expect("profile");
-            w.cluster
-                .create(&node_class("pool", "p"))
-                .await
-                .expect("class");
+                .expect("profile and class");
             w.add_host("h", "small", SimHost::new("10.90.0.1", 4, 8_000_000))
                 .await
                 .expect("host");

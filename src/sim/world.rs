@@ -89,6 +89,18 @@ impl World {
         self.ctx.pool_ns().to_string()
     }
 
+    /// The join profile `profile` (version 1) and a node class `class` using it: the
+    /// pool every scenario test starts from.
+    pub async fn add_profile_and_class(
+        &self,
+        profile: &str,
+        class: &str,
+    ) -> Result<(), crate::k8s::ClusterError> {
+        self.cluster.create(&sim_profile(profile, "1")).await?;
+        self.cluster.create(&node_class(class, profile)).await?;
+        Ok(())
+    }
+
     /// Add a simulated machine and its SSHHost object.
     pub async fn add_host(
         &self,

@@ -19,7 +19,7 @@ use kpssh::api::{GROUP, HostState, NodeClaim, NodePool, SSHHost};
 use kpssh::k8s::Cluster;
 use kpssh::karpenter::{KarpenterConfig, KarpenterHandles, sim_scheduler};
 use kpssh::sim::SimHost;
-use kpssh::sim::world::{World, node_class, sim_profile};
+use kpssh::sim::world::World;
 
 pub const MINUTE: Duration = Duration::from_secs(60);
 
@@ -45,14 +45,9 @@ pub async fn env_with(cfg: KarpenterConfig) -> Env {
     let w = World::start_bare(Config::default(), 11)
         .await
         .expect("world");
-    w.cluster
-        .create(&sim_profile("p", "1"))
+    w.add_profile_and_class("p", "pool")
         .await
-        .expect("profile");
-    w.cluster
-        .create(&node_class("pool", "p"))
-        .await
-        .expect("class");
+        .expect("profile and class");
     let k = kpssh::karpenter::spawn_with(&w.ctx, cfg)
         .await
         .expect("karpenter");

@@ -14,7 +14,7 @@ use std::time::Duration;
 use kpssh::actors::Config;
 use kpssh::api::{HostState, SSHHost};
 use kpssh::k8s::Cluster;
-use kpssh::sim::world::{World, node_class, sim_profile};
+use kpssh::sim::world::World;
 
 pub const MINUTE: Duration = Duration::from_secs(60);
 
@@ -25,14 +25,9 @@ pub async fn world() -> World {
 
 pub async fn world_with(config: Config) -> World {
     let w = World::start(config, 7).await.expect("world starts");
-    w.cluster
-        .create(&sim_profile("p", "1"))
+    w.add_profile_and_class("p", "pool")
         .await
-        .expect("profile");
-    w.cluster
-        .create(&node_class("pool", "p"))
-        .await
-        .expect("node class");
+        .expect("profile and class");
     w
 }
 
