@@ -194,6 +194,21 @@ impl Elsewhere {
         }
     }
 
+    /// `node` is being disrupted: nothing may move onto it any more.
+    pub fn forget(&mut self, node: &str) {
+        self.nodes.retain(|n| n.name != node);
+    }
+
+    /// Some pending pod fits on `node` as it is now. Such a node is capacity the scheduler is
+    /// about to use (typically a node that was launched for that pod and became Ready before
+    /// kube-scheduler bound it), not idle capacity to hand back.
+    pub fn wanted_by_pending(&self, pending: &[PodInfo], node: &str) -> bool {
+        self.nodes
+            .iter()
+            .find(|n| n.name == node)
+            .is_some_and(|n| pending.iter().any(|p| n.fits(p)))
+    }
+
     /// Every pod that would have to move from `node` fits on the other nodes: first fit in
     /// node order, as [`super::scheduling::place_all`] places them, without changing the cached nodes.
     pub fn fits(&self, st: &Inner, node: &str) -> bool {
@@ -313,8 +328,14 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
         None => Some(std::time::Duration::ZERO),
     };
     let hash = nodepool_hash(pool);
-    let (total, mut disrupting, mut candidates) = {
+    let (total, mut disrupting, mut candidates, pending) = {
         let st = state.read();
+        let pending: Vec<PodInfo> = st
+            .pods
+            .values()
+            .filter(|p| pods::is_provisionable(p))
+            .map(PodInfo::new)
+            .collect();
         let mine: Vec<&NodeClaim> = st
             .nodeclaims
             .values()
@@ -409,7 +430,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
                 });
             }
         }
-        (total, disrupting, cands)
+        (total, disrupting, cands, pending)
     };
     candidates.sort_by(|a, b| {
         a.reason
@@ -419,7 +440,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
     });
     let mut done = vec![];
     let mut underutilized_done = false;
-    // Built at the first under-utilisation check, after this round's other marks.
+    // Built at the first check that needs it; nodes marked after that are forgotten in it.
     let mut elsewhere: Option<Elsewhere> = None;
     for c in candidates {
         let budget_reason = match c.reason {
@@ -432,6 +453,18 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
             continue;
         }
         let node_name = c.node.metadata.name.clone().unwrap_or_default();
+        let voluntary = matches!(c.reason, Reason::Empty | Reason::Underutilized);
+        if voluntary && !pending.is_empty() {
+            let wanted = {
+                let st = state.read();
+                elsewhere
+                    .get_or_insert_with(|| Elsewhere::new(&st))
+                    .wanted_by_pending(&pending, &node_name)
+            };
+            if wanted {
+                continue;
+            }
+        }
         if c.reason == Reason::Underutilized {
             // One consolidation move per round; its pods must all fit on the other nodes.
             if underutilized_done {
@@ -471,6 +504,9 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
         )
         .await;
         ctx.metrics.disruption(c.reason.as_str());
+        if let Some(e) = elsewhere.as_mut() {
+            e.forget(&node_name);
+        }
         disrupting += 1;
         if c.reason == Reason::Underutilized {
             underutilized_done = true;

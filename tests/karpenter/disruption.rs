@@ -56,6 +56,43 @@ async fn s38_empty_node_goes_back_to_the_warm_pool_after_consolidate_after() {
     );
 }
 
+/// A node launched for a pod becomes Ready before kube-scheduler binds the pod. With
+/// `consolidateAfter: 0s` it looks empty for that moment; it must not be handed back (the pod
+/// would pull in another host, and round it goes). Seen on a loaded CI machine in E2/E5/E6.
+#[tokio::test(start_paused = true)]
+async fn s38_ready_node_a_pending_pod_fits_is_not_consolidated_as_empty() {
+    let e = env_scheduling_every(KarpenterConfig::default(), 3 * MINUTE).await;
+    hosts(&e, "h", "small", 2, 2, 4, 73).await;
+    e.w.cluster.create(&consolidating("0s")).await.expect("np");
+    e.w.cluster
+        .create(&pod("p", "500m", "256Mi"))
+        .await
+        .expect("pod");
+    assert!(
+        e.w.until(12 * MINUTE, || async { running(&e).await == 1 })
+            .await,
+        "the pod runs once the slow scheduler binds it"
+    );
+    let disrupted: Vec<String> =
+        e.w.cluster
+            .events()
+            .iter()
+            .filter(|ev| ev.reason == "DisruptionTerminating")
+            .map(|ev| ev.message.clone())
+            .collect();
+    assert!(
+        disrupted.is_empty(),
+        "the node waiting for its pod was disrupted: {disrupted:?}"
+    );
+    let launched =
+        e.w.cluster
+            .events()
+            .iter()
+            .filter(|ev| ev.reason == "Launching")
+            .count();
+    assert_eq!(launched, 1, "one NodeClaim for one pod");
+}
+
 #[tokio::test(start_paused = true)]
 async fn s38_budgets_never_and_do_not_disrupt_block_consolidation() {
     let e = env().await;

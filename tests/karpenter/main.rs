@@ -42,6 +42,11 @@ pub async fn env() -> Env {
 }
 
 pub async fn env_with(cfg: KarpenterConfig) -> Env {
+    env_scheduling_every(cfg, Duration::from_secs(1)).await
+}
+
+/// An environment whose simulated kube-scheduler binds pods only every `period`.
+pub async fn env_scheduling_every(cfg: KarpenterConfig, period: Duration) -> Env {
     let w = World::start_bare(Config::default(), 11)
         .await
         .expect("world");
@@ -51,7 +56,7 @@ pub async fn env_with(cfg: KarpenterConfig) -> Env {
     let k = kpssh::karpenter::spawn_with(&w.ctx, cfg)
         .await
         .expect("karpenter");
-    let sched = sim_scheduler::spawn(w.cluster.clone(), k.state.clone(), Duration::from_secs(1));
+    let sched = sim_scheduler::spawn(w.cluster.clone(), k.state.clone(), period);
     Env {
         w,
         k,
