@@ -86,3 +86,92 @@ async fn s11_failed_zombie_leave_is_retried_next_probe() {
         .await;
     assert!(ok, "{:?}", reasons(&w));
 }
+
+/// S12: the probe that will find a zombie kubelet is slow; a NodeClaim claims the host while it
+/// runs. The zombie check's Leaving CAS is fenced by the claim's resourceVersion, so the host
+/// never enters Leaving, no leave runs, and the claim goes on to join.
+#[tokio::test(start_paused = true)]
+async fn s12_claim_landing_during_zombie_check_wins() {
+    use futures::StreamExt as _;
+    use kpssh::k8s::WatchEvent;
+    use kpssh::sim::world::node_claim;
+
+    let w = world().await;
+    w.add_host("z", "small", SimHost::new("10.20.0.4", 2, 4_000_000))
+        .await
+        .expect("host");
+    let h = wait_state(&w, "z", HostState::Available, MINUTE).await;
+    let mut marked: SSHHost = h.clone();
+    marked.status.as_mut().expect("status").installed_profile = Some("p@1".into());
+    w.cluster.replace_status(&marked).await.expect("marker");
+    // Every state the host passes through, as the API saw it.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<HostState>::new()));
+    let mut stream = w.cluster.watch::<SSHHost>(Some(&w.ns()));
+    let record = seen.clone();
+    let watcher = tokio::spawn(async move {
+        while let Some(ev) = stream.next().await {
+            if let Ok(WatchEvent::Applied(h)) = ev {
+                record.lock().expect("lock").push(h.state());
+            }
+        }
+    });
+    let sessions_before = w.transport.host("10.20.0.4").expect("sim").sessions;
+    w.transport.with("10.20.0.4", |s| {
+        s.kubelet_active = true;
+        // Inside the probe timeout (30 s), so the probe succeeds and sees the kubelet.
+        s.handshake_delay = std::time::Duration::from_secs(20);
+    });
+    // The next probe has connected and is stuck in its slow handshake.
+    let probing = w
+        .until(5 * MINUTE, || async {
+            w.transport.host("10.20.0.4").expect("sim").sessions > sessions_before
+        })
+        .await;
+    assert!(probing, "the probe started");
+    let nc = w
+        .cluster
+        .create(&node_claim("nc-s12", "pool", "1", "1Gi"))
+        .await
+        .expect("nodeclaim");
+    let uid = nc.metadata.uid.clone().expect("uid");
+    let claimed = w
+        .until(std::time::Duration::from_secs(15), || async {
+            w.host("z")
+                .await
+                .and_then(|h| h.claim().map(|c| c.uid.clone()))
+                == Some(uid.clone())
+        })
+        .await;
+    assert!(claimed, "the claim landed while the probe was in flight");
+    let zombie_seen = w
+        .until(MINUTE, || async {
+            w.transport.host("10.20.0.4").expect("sim").sessions > sessions_before + 1
+        })
+        .await;
+    assert!(
+        zombie_seen,
+        "the slow probe finished and the host was used again"
+    );
+    w.transport.with("10.20.0.4", |s| {
+        s.handshake_delay = std::time::Duration::ZERO
+    });
+    let h = wait_state(&w, "z", HostState::InUse, 10 * MINUTE).await;
+    assert_eq!(
+        h.claim().map(|c| c.uid.clone()),
+        Some(uid),
+        "the claim survived the zombie check"
+    );
+    watcher.abort();
+    let states = seen.lock().expect("lock").clone();
+    assert!(
+        !states.contains(&HostState::Leaving),
+        "the host entered Leaving: {states:?}"
+    );
+    let sim = w.transport.host("10.20.0.4").expect("sim");
+    assert!(
+        !sim.phases().contains(&SimPhase::Leave),
+        "no leave ran: {:?}",
+        sim.phases()
+    );
+    assert!(!reasons(&w).contains(&"ZombieKubelet".to_string()));
+}
