@@ -399,6 +399,60 @@ async fn s25_delete_of_a_previous_holder_never_runs_leave_on_the_successor() {
     assert_eq!(w.host("h").await.expect("host").state(), HostState::InUse);
 }
 
+/// S26/S27: the NodeClaim is force-deleted while its host's join hangs (the actor is busy until
+/// the phase timeout). The router deletes the claim's bootstrap token at once rather than after
+/// the phase; the campaign found it outliving the claim by minutes (campaign.yaml seed 34).
+#[tokio::test(start_paused = true)]
+async fn s27_token_of_claim_force_deleted_during_a_hung_join_is_deleted_at_once() {
+    let w = world().await;
+    let mut sim = SimHost::new("10.10.0.9", 2, 4_000_000);
+    sim.hang.push(SimPhase::Join);
+    w.add_host("h", "small", sim).await.expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    let nc = claim(&w, "nc", "1").await;
+    let joining = w
+        .until(MINUTE, || async {
+            tokens(&w).await == 1
+                && w.host("h")
+                    .await
+                    .and_then(|h| h.status.and_then(|s| s.installed_profile))
+                    .is_some()
+        })
+        .await;
+    assert!(joining, "installed, token minted");
+    // The join now hangs; its phase timeout is far away.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        tokens(&w).await,
+        1,
+        "the token stays while the claim exists"
+    );
+    let _: NodeClaim = w
+        .cluster
+        .patch(None, "nc", &json!({"metadata": {"finalizers": null}}))
+        .await
+        .expect("strip");
+    let pre = Precondition {
+        uid: nc.metadata.uid.clone(),
+        resource_version: None,
+    };
+    w.cluster
+        .delete::<NodeClaim>(None, "nc", Some(pre))
+        .await
+        .expect("delete");
+    let gone = w
+        .until(Duration::from_secs(10), || async { tokens(&w).await == 0 })
+        .await;
+    assert!(gone, "token still there 10 s after its NodeClaim vanished");
+    // The hung join runs into its timeout; the host ends up free again.
+    let free = w
+        .until(15 * MINUTE, || async {
+            w.host("h").await.is_some_and(|h| h.claim().is_none())
+        })
+        .await;
+    assert!(free, "host released after the hung phase");
+}
+
 #[tokio::test(start_paused = true)]
 async fn s26_force_deleted_claim_is_released_as_stale_and_zombie_cleaned() {
     let w = world().await;

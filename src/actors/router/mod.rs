@@ -12,13 +12,14 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::Context;
 use super::events;
 use super::host::HostMsg;
 use super::host::launch::set_launched;
+use super::host::registration::{TOKEN_NAMESPACE, token_secret_name};
 use super::supervisor::SupervisorMsg;
 use crate::api::karpenter::TERMINATION_FINALIZER;
 use crate::api::{ClaimRef, HostState, NodeClaim, SSHHost, SSHJoinProfile, SSHNodeClass};
@@ -161,6 +162,7 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
                 state.waiting.remove(&name);
                 // A force-deleted claim (S26): let the holder notice now rather than next probe.
                 if let Some(h) = holder(&state.ctx, &nc) {
+                    revoke_token(&state.ctx, &h, &name).await;
                     send(state, &h, HostMsg::Probe);
                 }
             }
@@ -173,6 +175,36 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
             }
         }
         Ok(())
+    }
+}
+
+/// S27 for a NodeClaim that vanished (finalizer stripped) while its host is busy, e.g. in a
+/// join that hangs until the phase timeout: the actor would delete the token only after the
+/// phase, so the router deletes it now. The token joins no one once its claim is gone, and a
+/// join still in flight must not register a Node for a claim that no longer exists. The host's
+/// actor deletes the same Secret again later; that delete finds nothing, which it accepts.
+async fn revoke_token<C: Cluster, T: Transport>(ctx: &Context<C, T>, host: &str, claim: &str) {
+    let Some(id) = ctx
+        .hosts
+        .get(host)
+        .and_then(|h| h.status.as_ref().and_then(|s| s.bootstrap_token_id.clone()))
+    else {
+        return;
+    };
+    let secret = token_secret_name(&id);
+    match ctx
+        .cluster
+        .delete::<Secret>(Some(TOKEN_NAMESPACE), &secret, None)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(nodeclaim = %claim, host, "deleted the bootstrap token of a NodeClaim that is gone")
+        }
+        Err(e) if e.is_not_found() => {}
+        // The host's actor deletes it after its phase or at its next probe.
+        Err(e) => {
+            tracing::warn!(nodeclaim = %claim, host, error = %e, "could not delete the bootstrap token of a gone NodeClaim")
+        }
     }
 }
 
