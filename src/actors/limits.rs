@@ -2,8 +2,13 @@
 //! dials per second. All run on tokio's clock so that the simulation stays deterministic under
 //! a paused clock.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
+
+use governor::middleware::NoOpMiddleware;
+use governor::nanos::Nanos;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
 
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -52,35 +57,57 @@ async fn acquire(sem: &Arc<Semaphore>) -> OwnedSemaphorePermit {
     }
 }
 
-/// Spaces dials evenly at `rate` per second (a GCRA with burst 1): each caller reserves the
-/// next free slot and sleeps until it.
+/// Spaces dials evenly at `rate` per second: a `governor` GCRA with burst 1, read on tokio's
+/// clock (so a paused clock in the simulation paces dials deterministically). Waiters queue on
+/// a fair lock and only the head polls the limiter, so a slot wakes one task, not every waiter.
 pub struct DialPacer {
-    spacing: Duration,
-    next: Mutex<Option<Instant>>,
+    limiter: RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<Nanos>>,
+    clock: TokioClock,
+    queue: Mutex<()>,
+}
+
+/// governor's clock on tokio time: nanoseconds since the pacer was made.
+#[derive(Clone)]
+struct TokioClock {
+    origin: Instant,
+}
+
+impl governor::clock::Clock for TokioClock {
+    type Instant = Nanos;
+
+    fn now(&self) -> Nanos {
+        let elapsed = self.origin.elapsed().as_nanos();
+        Nanos::new(u64::try_from(elapsed).unwrap_or(u64::MAX))
+    }
 }
 
 impl DialPacer {
     pub fn new(per_second: u32) -> Self {
+        let rate = NonZeroU32::new(per_second).unwrap_or(NonZeroU32::MIN);
+        let quota = Quota::per_second(rate).allow_burst(NonZeroU32::MIN);
+        let clock = TokioClock {
+            origin: Instant::now(),
+        };
         DialPacer {
-            spacing: Duration::from_secs(1) / per_second.max(1),
-            next: Mutex::new(None),
+            limiter: RateLimiter::direct_with_clock(quota, clock.clone()),
+            clock,
+            queue: Mutex::new(()),
         }
     }
 
     pub async fn wait(&self) {
-        let slot = {
-            let mut next = self.next.lock().await;
-            let now = Instant::now();
-            let slot = next.map_or(now, |n| n.max(now));
-            *next = Some(slot + self.spacing);
-            slot
-        };
-        tokio::time::sleep_until(slot).await;
+        let _turn = self.queue.lock().await;
+        while let Err(not_until) = self.limiter.check() {
+            let from = governor::clock::Clock::now(&self.clock);
+            tokio::time::sleep(not_until.wait_time_from(from)).await;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[tokio::test(start_paused = true)]
