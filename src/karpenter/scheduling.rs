@@ -2,7 +2,7 @@
 //! (real, in-flight or hypothetical) node, by the same rules the kube-scheduler applies to the
 //! constraints this layer supports.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
 use kube::core::{Selector, SelectorExt};
@@ -257,14 +257,49 @@ impl SimNode {
 /// Place each pod on the first node it fits (nodes in the given order). Returns the pods that
 /// found no place.
 pub fn place_all<'a>(pods: &'a [PodInfo], nodes: &mut [SimNode]) -> Vec<&'a PodInfo> {
+    let shape = shapes(pods);
+    // Per shape, the first node that may still take it: nodes only fill up during a pass, so
+    // one that refused a shape refuses it for the rest of the pass.
+    let mut first: Vec<usize> = vec![0; shape.iter().max().map_or(0, |m| m + 1)];
     let mut left = vec![];
-    for p in pods {
-        match nodes.iter_mut().find(|n| n.fits(p)) {
-            Some(n) => n.add(p),
-            None => left.push(p),
+    for (p, &s) in pods.iter().zip(&shape) {
+        let from = first[s];
+        match nodes[from..].iter().position(|n| n.fits(p)) {
+            Some(i) => {
+                first[s] = from + i;
+                nodes[from + i].add(p);
+            }
+            None => {
+                first[s] = nodes.len();
+                left.push(p);
+            }
         }
     }
     left
+}
+
+/// A shape id per pod: pods with equal requests, node constraints, tolerations, pod-to-pod
+/// constraints, namespace and labels get the same id. Whether a node can take a pod depends on
+/// nothing else, so packing can treat a node's answer for one pod as its answer for the shape.
+pub fn shapes(pods: &[PodInfo]) -> Vec<usize> {
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    pods.iter()
+        .map(|p| {
+            let key = format!(
+                "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}",
+                p.requests,
+                p.node_selector,
+                p.terms,
+                p.tolerations,
+                p.anti,
+                p.spread,
+                p.namespace,
+                p.labels
+            );
+            let next = ids.len();
+            *ids.entry(key).or_insert(next)
+        })
+        .collect()
 }
 
 /// Sort for first-fit-decreasing: largest cpu, then memory, then name (deterministic).
@@ -297,6 +332,65 @@ mod tests {
             value: value.map(str::to_string),
             effect: effect.map(str::to_string),
             toleration_seconds: None,
+        }
+    }
+
+    fn sized(i: usize, cpu: i128, group: usize) -> PodInfo {
+        PodInfo {
+            namespace: "default".into(),
+            name: format!("p{i:05}"),
+            uid: format!("u{i}"),
+            labels: BTreeMap::from([("app".to_string(), format!("g{group}"))]),
+            requests: BTreeMap::from([("cpu".to_string(), cpu)]),
+            node_selector: BTreeMap::new(),
+            terms: vec![],
+            tolerations: vec![],
+            anti: vec![],
+            spread: vec![],
+            unsupported: None,
+        }
+    }
+
+    /// S36: in-flight nodes absorb pending pods first fit; starting each shape where it last
+    /// fitted places every pod exactly where trying every node from the first would.
+    #[test]
+    fn s36_first_fit_by_shape_matches_plain_first_fit() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..20u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let groups = if seed % 2 == 0 { 3 } else { 300 };
+            let pods: Vec<PodInfo> = (0..300)
+                .map(|i| {
+                    let g = rng.random_range(0..groups);
+                    sized(i, [250, 700, 1500][g % 3] + (g / 3) as i128, g)
+                })
+                .collect();
+            let nodes: Vec<SimNode> = (0..40)
+                .map(|n| SimNode {
+                    name: format!("n{n}"),
+                    allocatable: BTreeMap::from([(
+                        "cpu".to_string(),
+                        rng.random_range(1..8) * 1000,
+                    )]),
+                    ..Default::default()
+                })
+                .collect();
+            let mut fast = nodes.clone();
+            let left: Vec<String> = place_all(&pods, &mut fast)
+                .iter()
+                .map(|p| p.name.clone())
+                .collect();
+            let mut plain = nodes.clone();
+            let mut plain_left = vec![];
+            for p in &pods {
+                match plain.iter_mut().find(|n| n.fits(p)) {
+                    Some(n) => n.add(p),
+                    None => plain_left.push(p.name.clone()),
+                }
+            }
+            assert_eq!(left, plain_left, "seed {seed}");
+            let used = |ns: &[SimNode]| ns.iter().map(|n| n.used.clone()).collect::<Vec<_>>();
+            assert_eq!(used(&fast), used(&plain), "seed {seed}");
         }
     }
 

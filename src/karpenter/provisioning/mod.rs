@@ -263,14 +263,11 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
     fn observe_latency(&self, name: &str, claim: &NewClaim) {
         let oldest = {
             let st = self.state.read();
-            st.pods
-                .values()
-                .filter(|p| {
-                    claim.pods.iter().any(|(ns, n)| {
-                        p.metadata.namespace.as_deref() == Some(ns.as_str())
-                            && p.metadata.name.as_deref() == Some(n.as_str())
-                    })
-                })
+            // Looked up by key: a scan of every pod per claim cost pods × claims.
+            claim
+                .pods
+                .iter()
+                .filter_map(|key| st.pods.get(key))
                 .filter_map(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
                 .min()
         };

@@ -12,7 +12,7 @@ use crate::actors::router::instance_types::InstanceType;
 use crate::actors::router::requirements;
 use crate::api::karpenter::{NODEPOOL_LABEL, UNREGISTERED_TAINT_KEY};
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
-use crate::karpenter::scheduling::{PodInfo, SimNode, fits_resources, pods_allow};
+use crate::karpenter::scheduling::{PodInfo, SimNode, fits_resources, pods_allow, shapes};
 use crate::karpenter::state::Inner;
 use crate::karpenter::{DISRUPTION_ANNOTATION, pods, quantity};
 
@@ -200,13 +200,16 @@ pub fn pack<'a>(
     mut usage: BTreeMap<String, BTreeMap<String, i128>>,
 ) -> PackOutcome<'a> {
     let mut out = PackOutcome::default();
-    let mut done = vec![false; pods.len()];
-    for i in 0..pods.len() {
-        if done[i] {
-            continue;
-        }
-        done[i] = true;
+    let shape = shapes(pods);
+    // `refused[s] == bin number`: the bin being filled refused shape `s` (it only fills up, so
+    // it refuses every later pod of that shape too).
+    let mut refused: Vec<usize> = vec![usize::MAX; shape.iter().max().map_or(0, |m| m + 1)];
+    let mut remaining: Vec<usize> = (0..pods.len()).collect();
+    let mut bin_no = 0usize;
+    while !remaining.is_empty() {
+        let i = remaining[0];
         let pod = &pods[i];
+        let mut taken = vec![i];
         let (mut compatible, mut no_host, mut limited) = (false, false, false);
         let mut opened = None;
         for offer in offers {
@@ -242,6 +245,7 @@ pub fn pack<'a>(
             }
         }
         let Some(mut bin) = opened else {
+            remaining.remove(0);
             let why = if limited {
                 "NodePool limits exceeded"
             } else if no_host {
@@ -254,36 +258,46 @@ pub fn pack<'a>(
             out.unplaced.push((pod, why.to_string()));
             continue;
         };
+        bin_no += 1;
         bin.node.add(pod);
         bin.pods.push(pod.key());
-        for j in (i + 1)..pods.len() {
-            if done[j] {
-                continue;
-            }
+        for &j in &remaining[1..] {
             let q = &pods[j];
-            if !q.tolerates(&bin.offer.taints) || !pods_allow(q, &bin.node.pods) {
+            if refused[shape[j]] == bin_no {
                 continue;
             }
-            let mut used = bin.node.used.clone();
-            for (k, v) in &q.requests {
-                *used.entry(k.clone()).or_insert(0) += v;
+            if !q.tolerates(&bin.offer.taints) || !pods_allow(q, &bin.node.pods) {
+                refused[shape[j]] = bin_no;
+                continue;
             }
+            let used = &bin.node.used;
             let still: Vec<&Choice> = bin
                 .choices
                 .iter()
                 .copied()
                 .filter(|c| {
-                    q.labels_match(&c.labels) && fits_resources(&used, &BTreeMap::new(), &c.avail)
+                    q.labels_match(&c.labels) && fits_resources(&q.requests, used, &c.avail)
                 })
                 .collect();
             if still.is_empty() {
+                refused[shape[j]] = bin_no;
                 continue;
             }
             bin.choices = still;
             bin.node.add(q);
             bin.pods.push(q.key());
-            done[j] = true;
+            taken.push(j);
         }
+        // `taken` is in the order of `remaining`, so one merge pass drops it.
+        let mut t = taken.iter().peekable();
+        remaining.retain(|j| {
+            if t.peek() == Some(&j) {
+                t.next();
+                false
+            } else {
+                true
+            }
+        });
         let Some(best) = bin.choices.iter().min_by(|a, b| {
             a.it.price
                 .total_cmp(&b.it.price)
@@ -443,4 +457,143 @@ pub fn inflight_nodes(
         out.push(sim);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn offer() -> PoolOffer {
+        let choice = |name: &str, cpu: i128, price: f64| {
+            let it = InstanceType {
+                name: name.into(),
+                arch: "amd64".into(),
+                capacity: BTreeMap::from([
+                    ("cpu".to_string(), cpu),
+                    ("memory".to_string(), cpu * 4 << 30),
+                ]),
+                max_pods: 110,
+                price,
+                claimable: 1000,
+                usable: 1000,
+            };
+            let mut avail = it.capacity.clone();
+            avail.insert("pods".into(), 110_000);
+            Choice {
+                labels: it.labels(),
+                it,
+                avail,
+                daemon_overhead: BTreeMap::new(),
+            }
+        };
+        let choices = vec![choice("small", 4000, 1.0), choice("big", 16000, 3.0)];
+        PoolOffer {
+            pool: "default".into(),
+            weight: 0,
+            taints: vec![],
+            limits: BTreeMap::new(),
+            types: choices.iter().map(|c| c.it.clone()).collect(),
+            choices,
+        }
+    }
+
+    fn pod(i: usize, cpu: i128, group: usize) -> PodInfo {
+        PodInfo {
+            namespace: "default".into(),
+            name: format!("p{i:05}"),
+            uid: format!("u{i}"),
+            labels: BTreeMap::from([("app".to_string(), format!("g{group}"))]),
+            requests: BTreeMap::from([
+                ("cpu".to_string(), cpu),
+                ("memory".to_string(), cpu << 20),
+                ("pods".to_string(), 1000),
+            ]),
+            node_selector: BTreeMap::new(),
+            terms: vec![],
+            tolerations: vec![],
+            anti: vec![],
+            spread: vec![],
+            unsupported: None,
+        }
+    }
+
+    /// The packing as first written: every remaining pod is tried on every bin, no shortcuts.
+    fn reference(pods: &[PodInfo], offer: &PoolOffer) -> Vec<(String, Vec<(String, String)>)> {
+        let mut done = vec![false; pods.len()];
+        let mut out = vec![];
+        for i in 0..pods.len() {
+            if done[i] {
+                continue;
+            }
+            done[i] = true;
+            let mut choices: Vec<&Choice> = offer
+                .choices
+                .iter()
+                .filter(|c| fits_resources(&pods[i].requests, &BTreeMap::new(), &c.avail))
+                .collect();
+            if choices.is_empty() {
+                continue;
+            }
+            let mut node = SimNode::default();
+            node.add(&pods[i]);
+            let mut members = vec![pods[i].key()];
+            for j in (i + 1)..pods.len() {
+                if done[j] || !pods_allow(&pods[j], &node.pods) {
+                    continue;
+                }
+                let mut used = node.used.clone();
+                for (k, v) in &pods[j].requests {
+                    *used.entry(k.clone()).or_insert(0) += v;
+                }
+                let still: Vec<&Choice> = choices
+                    .iter()
+                    .copied()
+                    .filter(|c| fits_resources(&used, &BTreeMap::new(), &c.avail))
+                    .collect();
+                if still.is_empty() {
+                    continue;
+                }
+                choices = still;
+                node.add(&pods[j]);
+                members.push(pods[j].key());
+                done[j] = true;
+            }
+            let best = choices
+                .iter()
+                .min_by(|a, b| a.it.price.total_cmp(&b.it.price))
+                .map(|c| c.it.name.clone())
+                .unwrap_or_default();
+            out.push((best, members));
+        }
+        out
+    }
+
+    /// S36: skipping a bin's refused shapes changes nothing: the same claims with the same pods
+    /// as trying every pod on every bin, over random mixes of a few shapes and many.
+    #[test]
+    fn s36_shape_skipping_packs_exactly_like_trying_every_pod() {
+        let offer = offer();
+        let offers = vec![offer.clone()];
+        for seed in 0..20u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let shapes = if seed % 2 == 0 { 4 } else { 400 };
+            let mut pods: Vec<PodInfo> = (0..400)
+                .map(|i| {
+                    let g = rng.random_range(0..shapes);
+                    let cpu = [250, 500, 1500, 3000, 9000][g % 5] + (g / 5) as i128;
+                    pod(i, cpu, g)
+                })
+                .collect();
+            crate::karpenter::scheduling::sort_pods(&mut pods);
+            let budgets = BTreeMap::from([("small".to_string(), 1000), ("big".to_string(), 1000)]);
+            let got: Vec<(String, Vec<(String, String)>)> =
+                pack(&pods, &offers, budgets, BTreeMap::new())
+                    .claims
+                    .into_iter()
+                    .map(|c| (c.instance_type, c.pods))
+                    .collect();
+            assert_eq!(got, reference(&pods, &offer), "seed {seed}");
+        }
+    }
 }
