@@ -471,7 +471,7 @@ mod tests {
                 arch: "amd64".into(),
                 capacity: BTreeMap::from([
                     ("cpu".to_string(), cpu),
-                    ("memory".to_string(), cpu * 4 << 30),
+                    ("memory".to_string(), (cpu * 4) << 30),
                 ]),
                 max_pods: 110,
                 price,
