@@ -19,7 +19,9 @@ use super::lifecycle::{condition_true, node_ready};
 use super::scheduling::{PodInfo, SimNode, sort_pods};
 use super::state::{ClusterState, Inner};
 use super::termination::{is_marked, parse_duration, taint_node};
-use super::{DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets, pods, quantity};
+use super::{
+    DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets, pods, quantity, replacement,
+};
 use crate::actors::Context;
 use crate::actors::drift::drift;
 use crate::actors::events;
@@ -328,6 +330,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
         None => Some(std::time::Duration::ZERO),
     };
     let hash = nodepool_hash(pool);
+    let mut done = finish_replacements(ctx, state, &pool_name).await?;
     let (total, mut disrupting, mut candidates, pending) = {
         let st = state.read();
         let pending: Vec<PodInfo> = st
@@ -347,13 +350,19 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
             .count();
         let disrupting = mine
             .iter()
-            .filter(|nc| nc.metadata.deletion_timestamp.is_some() || is_marked(nc))
+            .filter(|nc| {
+                nc.metadata.deletion_timestamp.is_some()
+                    || is_marked(nc)
+                    || replacement::replaced_by(nc).is_some()
+            })
             .count() as i64;
         let by_node = pods_by_node(&st);
         let mut cands = vec![];
         for nc in mine {
             if nc.metadata.deletion_timestamp.is_some()
                 || is_marked(nc)
+                || replacement::replaced_by(nc).is_some()
+                || replacement::awaits_pods(&st, nc)
                 || !condition_true(nc, "Initialized")
                 || annotated(&nc.metadata, DO_NOT_DISRUPT_ANNOTATION)
             {
@@ -438,10 +447,11 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
             .then_with(|| a.pods.cmp(&b.pods))
             .then_with(|| a.claim.metadata.name.cmp(&b.claim.metadata.name))
     });
-    let mut done = vec![];
     let mut underutilized_done = false;
     // Built at the first check that needs it; nodes marked after that are forgotten in it.
     let mut elsewhere: Option<Elsewhere> = None;
+    // Priced once per round, at the first candidate that could only be replaced.
+    let mut replacer: Option<Option<replacement::Replacer>> = None;
     for c in candidates {
         let budget_reason = match c.reason {
             Reason::Expired | Reason::Drifted => "Drifted",
@@ -477,6 +487,12 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
                     .fits(&st, &node_name)
             };
             if !fits {
+                if let Some(class) = &class
+                    && replace_cheaper(ctx, state, pool, class, &c, &mut replacer).await?
+                {
+                    underutilized_done = true;
+                    disrupting += 1;
+                }
                 continue;
             }
         }
@@ -484,26 +500,9 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
             continue;
         }
         let name = c.claim.metadata.name.clone().unwrap_or_default();
-        let patch = json!({"metadata": {
-            "resourceVersion": c.claim.metadata.resource_version,
-            "annotations": {DISRUPTION_ANNOTATION: c.reason.as_str()},
-        }});
-        match ctx.cluster.patch::<NodeClaim>(None, &name, &patch).await {
-            Ok(nc) => state.observe_claim(nc),
-            Err(e) if e.is_conflict() || e.is_not_found() => continue,
-            Err(e) => return Err(e.into()),
+        if !mark(ctx, state, &c.claim, &c.node, c.reason, None).await? {
+            continue;
         }
-        taint_node(&ctx.cluster, &c.node).await?;
-        let msg = format!("disrupting NodeClaim {name} ({})", c.reason.as_str());
-        events::record(
-            &ctx.cluster,
-            &c.claim,
-            EventType::Normal,
-            "DisruptionTerminating",
-            msg,
-        )
-        .await;
-        ctx.metrics.disruption(c.reason.as_str());
         if let Some(e) = elsewhere.as_mut() {
             e.forget(&node_name);
         }
@@ -514,6 +513,122 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
         done.push((name, c.reason));
     }
     Ok(done)
+}
+
+/// Mark a NodeClaim for disruption (CAS on its resourceVersion), taint its Node, tell. False
+/// when the claim changed or went away meanwhile.
+async fn mark<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    claim: &NodeClaim,
+    node: &Node,
+    reason: Reason,
+    detail: Option<&str>,
+) -> Result<bool, KarpenterError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let patch = json!({"metadata": {
+        "resourceVersion": claim.metadata.resource_version,
+        "annotations": {DISRUPTION_ANNOTATION: reason.as_str()},
+    }});
+    match ctx.cluster.patch::<NodeClaim>(None, &name, &patch).await {
+        Ok(nc) => state.observe_claim(nc),
+        Err(e) if e.is_conflict() || e.is_not_found() => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    taint_node(&ctx.cluster, node).await?;
+    let msg = match detail {
+        Some(d) => format!("disrupting NodeClaim {name} ({}; {d})", reason.as_str()),
+        None => format!("disrupting NodeClaim {name} ({})", reason.as_str()),
+    };
+    events::record(
+        &ctx.cluster,
+        claim,
+        EventType::Normal,
+        "DisruptionTerminating",
+        msg,
+    )
+    .await;
+    ctx.metrics.disruption(reason.as_str());
+    Ok(true)
+}
+
+/// Claims of `pool` waiting for a replacement: disrupt those whose replacement is Initialized,
+/// call off those whose replacement went away.
+async fn finish_replacements<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    pool: &str,
+) -> Result<Vec<(String, Reason)>, KarpenterError> {
+    let waiting: Vec<(NodeClaim, Option<Node>, replacement::Progress)> = {
+        let st = state.read();
+        st.nodeclaims
+            .values()
+            .filter(|nc| nc.nodepool() == Some(pool) && nc.metadata.deletion_timestamp.is_none())
+            .filter(|nc| !is_marked(nc))
+            .filter_map(|nc| {
+                let p = replacement::progress(&st, nc)?;
+                Some((nc.clone(), st.node_of(nc).cloned(), p))
+            })
+            .collect()
+    };
+    let mut done = vec![];
+    for (old, node, p) in waiting {
+        let name = old.metadata.name.clone().unwrap_or_default();
+        match (p, node) {
+            (replacement::Progress::Ready(by), Some(node)) => {
+                let detail = format!("replaced by NodeClaim {by}");
+                if mark(
+                    ctx,
+                    state,
+                    &old,
+                    &node,
+                    Reason::Underutilized,
+                    Some(&detail),
+                )
+                .await?
+                {
+                    done.push((name, Reason::Underutilized));
+                }
+            }
+            (replacement::Progress::Abandoned, _) => replacement::abandon(ctx, &old).await?,
+            _ => {}
+        }
+    }
+    Ok(done)
+}
+
+/// S38: the candidate's pods all fit on one node of a cheaper instance type: launch it; the
+/// candidate is disrupted once it is Initialized ([`finish_replacements`]).
+async fn replace_cheaper<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    pool: &NodePool,
+    class: &SSHNodeClass,
+    c: &Candidate,
+    replacer: &mut Option<Option<replacement::Replacer>>,
+) -> Result<bool, KarpenterError> {
+    if replacer.is_none() {
+        *replacer = Some(replacement::Replacer::new(ctx, state, pool, class));
+    }
+    let Some(Some(r)) = replacer.as_mut() else {
+        return Ok(false);
+    };
+    let node_name = c.node.metadata.name.clone().unwrap_or_default();
+    let new = {
+        let st = state.read();
+        r.cheaper_node(&st, &c.claim, &node_name)
+    };
+    let Some(new) = new else {
+        return Ok(false);
+    };
+    if !validate(ctx, state, c).await? {
+        return Ok(false);
+    }
+    let launched = replacement::launch(ctx, pool, &c.claim, &new).await?;
+    if launched.is_some() {
+        r.reserve(&new.instance_type);
+    }
+    Ok(launched.is_some())
 }
 
 /// Re-read the NodeClaim and its Node: still ours to disrupt, still no do-not-disrupt, and an

@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod pods;
 pub mod provisioning;
 pub mod quantity;
+pub mod replacement;
 pub mod scheduling;
 pub mod sim_scheduler;
 pub mod state;

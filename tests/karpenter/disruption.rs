@@ -353,3 +353,81 @@ async fn s39_node_not_ready_for_10_minutes_is_repaired() {
     assert!(ok, "repaired");
     assert!(reasons(&e).iter().any(|r| r == "Repair"));
 }
+
+/// S38: an under-utilised node whose pods fit nowhere else but all fit on a cheaper instance
+/// type is replaced: the cheaper NodeClaim is launched first, and only once it is Initialized is
+/// the old one drained; the pod moves over and the expensive host goes back to the warm pool.
+#[tokio::test(start_paused = true)]
+async fn s38_underutilized_node_is_replaced_by_a_cheaper_instance_type() {
+    let e = env().await;
+    hosts(&e, "b", "big", 1, 8, 16, 74).await;
+    hosts(&e, "s", "small", 1, 2, 4, 75).await;
+    e.w.cluster.create(&consolidating("1m")).await.expect("np");
+    e.w.cluster
+        .create(&pod("a", "5", "256Mi"))
+        .await
+        .expect("pod");
+    e.w.cluster
+        .create(&replicated("c", "1"))
+        .await
+        .expect("pod");
+    assert!(
+        e.w.until(3 * MINUTE, || async { running(&e).await == 2 })
+            .await
+    );
+    let types = |cs: Vec<kpssh::api::NodeClaim>| {
+        cs.iter()
+            .filter_map(kpssh::karpenter::provisioning::claim_type)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        types(claims(&e).await),
+        vec!["big".to_string()],
+        "both pods on one big node"
+    );
+    e.w.cluster
+        .delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), "a", None)
+        .await
+        .expect("del");
+    let ok =
+        e.w.until(15 * MINUTE, || async {
+            types(claims(&e).await) == vec!["small".to_string()] && running(&e).await == 1
+        })
+        .await;
+    let events = e.w.cluster.events();
+    let said = |reason: &str| {
+        events
+            .iter()
+            .filter(|ev| ev.reason == reason)
+            .map(|ev| ev.message.clone())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        ok,
+        "claims {:?}, running {}, launching {:?}, terminating {:?}",
+        types(claims(&e).await),
+        running(&e).await,
+        said("DisruptionLaunching"),
+        said("DisruptionTerminating")
+    );
+    assert_eq!(said("DisruptionLaunching").len(), 1, "one replacement");
+    assert!(
+        said("DisruptionTerminating")
+            .iter()
+            .any(|m| m.contains("Underutilized") && m.contains("replaced by")),
+        "{:?}",
+        said("DisruptionTerminating")
+    );
+    // The replacement was Initialized before the old node was drained.
+    let order: Vec<&str> = events
+        .iter()
+        .filter(|ev| ev.reason == "DisruptionTerminating" || ev.reason == "Initialized")
+        .map(|ev| ev.reason.as_str())
+        .collect();
+    assert_eq!(
+        order.iter().rposition(|r| *r == "Initialized"),
+        Some(order.len() - 2),
+        "replacement Initialized, then the old claim disrupted: {order:?}"
+    );
+    assert_eq!(host_states(&e).await.get(&HostState::Available), Some(&1));
+}

@@ -1,0 +1,243 @@
+//! Consolidation by replacement (S38): an under-utilised node whose pods do not fit on the other
+//! nodes, but all fit on one node of a cheaper instance type, is replaced. The replacement
+//! NodeClaim is launched first; only once it is Initialized is the old NodeClaim disrupted, so
+//! its pods always have somewhere to go. The two claims point at each other by annotation, so
+//! the exchange survives a controller restart and is given up when the replacement goes away.
+
+use std::collections::BTreeMap;
+
+use rand::Rng;
+use serde_json::json;
+
+use super::lifecycle::condition_true;
+use super::provisioning::{NewClaim, PoolOffer, build_claim, claim_type};
+use super::scheduling::{PodInfo, SimNode, sort_pods};
+use super::state::{ClusterState, Inner};
+use super::{KarpenterError, pods};
+use crate::actors::Context;
+use crate::actors::events;
+use crate::actors::router::instance_types::instance_types;
+use crate::api::{NodeClaim, NodePool, SSHNodeClass};
+use crate::k8s::{Cluster, EventType};
+use crate::ssh::Transport;
+
+/// On the NodeClaim being replaced: the name of its replacement.
+pub const REPLACED_BY_ANNOTATION: &str = "karpenter.dklesev.github.io/replaced-by";
+/// On the replacement: the NodeClaim it replaces (it is not itself consolidated meanwhile).
+pub const REPLACEMENT_FOR_ANNOTATION: &str = "karpenter.dklesev.github.io/replacement-for";
+
+fn annotation<'a>(nc: &'a NodeClaim, key: &str) -> Option<&'a str> {
+    nc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+pub fn replaced_by(nc: &NodeClaim) -> Option<&str> {
+    annotation(nc, REPLACED_BY_ANNOTATION)
+}
+
+/// A replacement whose old NodeClaim still exists: it waits for that claim's pods.
+pub fn awaits_pods(st: &Inner, nc: &NodeClaim) -> bool {
+    annotation(nc, REPLACEMENT_FOR_ANNOTATION).is_some_and(|old| {
+        st.nodeclaims
+            .get(old)
+            .is_some_and(|o| replaced_by(o) == nc.metadata.name.as_deref())
+    })
+}
+
+/// Where a replacement started earlier stands.
+pub enum Progress {
+    /// The replacement is Initialized: the old claim may be disrupted now.
+    Ready(String),
+    /// Still launching.
+    Waiting,
+    /// The replacement is gone or being deleted: the exchange is off.
+    Abandoned,
+}
+
+pub fn progress(st: &Inner, old: &NodeClaim) -> Option<Progress> {
+    let name = replaced_by(old)?;
+    Some(match st.nodeclaims.get(name) {
+        Some(r) if r.metadata.deletion_timestamp.is_some() => Progress::Abandoned,
+        Some(r) if condition_true(r, "Initialized") => Progress::Ready(name.to_string()),
+        Some(_) => Progress::Waiting,
+        None => Progress::Abandoned,
+    })
+}
+
+/// What a replacement may be, priced once per disruption round: the pool's instance types as
+/// new nodes would get them, and per type the claims not holding a host yet.
+pub struct Replacer {
+    offer: PoolOffer,
+    reserved: BTreeMap<String, i64>,
+}
+
+impl Replacer {
+    pub fn new<C: Cluster, T: Transport>(
+        ctx: &Context<C, T>,
+        state: &ClusterState,
+        pool: &NodePool,
+        class: &SSHNodeClass,
+    ) -> Option<Replacer> {
+        let hosts = ctx.hosts.snapshot();
+        let types = instance_types(class, &hosts, false).ok()?;
+        let st = state.read();
+        let daemonsets: Vec<_> = st.daemonsets.values().cloned().collect();
+        let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
+        for nc in st.nodeclaims.values() {
+            let holds = nc
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|u| ctx.hosts.holder(u))
+                .is_some();
+            if nc.metadata.deletion_timestamp.is_none()
+                && !holds
+                && let Some(t) = claim_type(nc)
+            {
+                *reserved.entry(t).or_insert(0) += 1;
+            }
+        }
+        Some(Replacer {
+            offer: PoolOffer::new(pool, class, types, &daemonsets),
+            reserved,
+        })
+    }
+
+    /// A replacement of `ty` was launched: one host of it fewer for the rest of the round.
+    pub fn reserve(&mut self, ty: &str) {
+        *self.reserved.entry(ty.to_string()).or_insert(0) += 1;
+    }
+
+    /// One node of a cheaper instance type, with a claimable host, that takes every pod `node`
+    /// would have to give up.
+    pub fn cheaper_node(&self, st: &Inner, claim: &NodeClaim, node: &str) -> Option<NewClaim> {
+        let current = claim_type(claim)?;
+        let price = self.offer.types.iter().find(|t| t.name == current)?.price;
+        let mut choices: Vec<_> = self
+            .offer
+            .choices
+            .iter()
+            .filter(|c| c.it.price < price && c.it.name != current)
+            .filter(|c| c.it.claimable as i64 > self.reserved.get(&c.it.name).copied().unwrap_or(0))
+            .collect();
+        if choices.is_empty() {
+            return None;
+        }
+        let mut moving: Vec<PodInfo> = st
+            .pods_on(node)
+            .filter(|p| pods::is_reschedulable(p))
+            .map(PodInfo::new)
+            .collect();
+        if moving.is_empty() {
+            return None;
+        }
+        sort_pods(&mut moving);
+        choices.sort_by(|a, b| {
+            a.it.price
+                .total_cmp(&b.it.price)
+                .then_with(|| a.it.name.cmp(&b.it.name))
+        });
+        choices.into_iter().find_map(|c| {
+            let mut sim = SimNode {
+                labels: c.labels.clone(),
+                taints: self.offer.taints.clone(),
+                allocatable: c.avail.clone(),
+                ..Default::default()
+            };
+            for p in &moving {
+                if !sim.fits(p) {
+                    return None;
+                }
+                sim.add(p);
+            }
+            let mut requests = sim.used.clone();
+            for (k, v) in &c.daemon_overhead {
+                *requests.entry(k.clone()).or_insert(0) += v;
+            }
+            Some(NewClaim {
+                pool: self.offer.pool.clone(),
+                instance_type: c.it.name.clone(),
+                requests,
+                pods: moving.iter().map(PodInfo::key).collect(),
+            })
+        })
+    }
+}
+
+/// Launch `new` as the replacement of `old` and record the exchange on both. Returns the
+/// replacement's name, or None when `old` changed meanwhile (nothing was left behind).
+pub async fn launch<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    pool: &NodePool,
+    old: &NodeClaim,
+    new: &NewClaim,
+) -> Result<Option<String>, KarpenterError> {
+    let old_name = old.metadata.name.clone().unwrap_or_default();
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    let suffix: String = {
+        let mut rng = ctx.rng();
+        (0..5)
+            .map(|_| {
+                let i = rng.random_range(0..36u8);
+                char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
+            })
+            .collect()
+    };
+    let mut claim = build_claim(pool, &format!("{pool_name}-{suffix}"), new);
+    claim
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(REPLACEMENT_FOR_ANNOTATION.into(), old_name.clone());
+    let created = ctx.cluster.create(&claim).await?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    let patch = json!({"metadata": {
+        "resourceVersion": old.metadata.resource_version,
+        "annotations": {REPLACED_BY_ANNOTATION: name},
+    }});
+    match ctx
+        .cluster
+        .patch::<NodeClaim>(None, &old_name, &patch)
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if e.is_conflict() || e.is_not_found() => {
+            // The old claim moved on; the replacement is not needed.
+            ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let msg = format!(
+        "launching replacement NodeClaim {name} ({}) for the {} pod(s) of NodeClaim {old_name}: \
+         a cheaper instance type takes them all",
+        new.instance_type,
+        new.pods.len()
+    );
+    events::record(
+        &ctx.cluster,
+        old,
+        EventType::Normal,
+        "DisruptionLaunching",
+        msg,
+    )
+    .await;
+    Ok(Some(name))
+}
+
+/// Drop the `replaced-by` mark of a claim whose replacement went away.
+pub async fn abandon<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    old: &NodeClaim,
+) -> Result<(), KarpenterError> {
+    let name = old.metadata.name.clone().unwrap_or_default();
+    let patch = json!({"metadata": {"annotations": {REPLACED_BY_ANNOTATION: null}}});
+    match ctx.cluster.patch::<NodeClaim>(None, &name, &patch).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
