@@ -234,7 +234,11 @@ async fn ha_one_leader_per_lease_standby_takes_over_after_kill_and_release() {
         if let Some(h) = holder(&admin).await {
             break h;
         }
-        assert!(Instant::now() < deadline, "nobody took the Lease:\n{}", both());
+        assert!(
+            Instant::now() < deadline,
+            "nobody took the Lease:\n{}",
+            both()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let (leader, standby) = if first.starts_with("ha-a_") {
@@ -244,7 +248,12 @@ async fn ha_one_leader_per_lease_standby_takes_over_after_kill_and_release() {
         (b, a)
     };
     assert!(
-        until_metrics(&leader, Duration::from_secs(60), &[PROBED, "\nkpssh_leader 1\n"]).await,
+        until_metrics(
+            &leader,
+            Duration::from_secs(60),
+            &[PROBED, "\nkpssh_leader 1\n"]
+        )
+        .await,
         "the leader ({}) did not work:\n{}",
         leader.name,
         leader.logs()
@@ -297,7 +306,12 @@ async fn ha_one_leader_per_lease_standby_takes_over_after_kill_and_release() {
         "takeover took {took:?}"
     );
     assert!(
-        until_metrics(&standby, Duration::from_secs(60), &[PROBED, "\nkpssh_leader 1\n"]).await,
+        until_metrics(
+            &standby,
+            Duration::from_secs(60),
+            &[PROBED, "\nkpssh_leader 1\n"]
+        )
+        .await,
         "the new leader did not work:\n{}",
         standby.logs()
     );

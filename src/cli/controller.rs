@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::actors::{Config, Context, Controller, spawn_controller};
 use crate::clock::Clock;
 use crate::k8s::KubeCluster;
-use crate::k8s::leader::{self, LeaderElector, LeaderError, LeaseConfig, Leadership, Role};
+use crate::k8s::leader::{self, LeaderElector, LeaderError, Leadership, LeaseConfig, Role};
 use crate::server::{Readiness, Status, serve};
 use crate::ssh::{RusshTransport, TransportConfig};
 
@@ -51,7 +51,11 @@ pub struct ControllerArgs {
     #[arg(long, env = "KPSSH_LEADER_ELECTION_NAMESPACE", default_value = "")]
     pub leader_election_namespace: String,
     /// Name of the leader Lease: controllers naming the same Lease elect one leader among them.
-    #[arg(long, env = "KPSSH_LEADER_ELECTION_ID", default_value = "kpssh-controller")]
+    #[arg(
+        long,
+        env = "KPSSH_LEADER_ELECTION_ID",
+        default_value = "kpssh-controller"
+    )]
     pub leader_election_id: String,
 }
 
@@ -224,7 +228,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
         match held.release().await {
             Ok(true) => tracing::info!("released the leader Lease"),
             Ok(false) => tracing::warn!("the leader Lease was no longer ours to release"),
-            Err(e) => tracing::warn!(error = %e, "could not release the leader Lease; it expires on its own"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release the leader Lease; it expires on its own")
+            }
         }
     }
     telemetry.shutdown().await;

@@ -95,7 +95,8 @@ impl LeaseConfig {
                 self.renew_deadline, self.retry_period
             )));
         }
-        if self.lease_duration.as_secs() < 1 || i32::try_from(self.lease_duration.as_secs()).is_err()
+        if self.lease_duration.as_secs() < 1
+            || i32::try_from(self.lease_duration.as_secs()).is_err()
         {
             return Err(LeaderError::Config(format!(
                 "lease duration {:?} is not a whole number of seconds the Lease can hold",
@@ -197,7 +198,10 @@ impl<C: Cluster> LeaderElector<C> {
                 Ok(Round::Absent) => {}
                 Err(e) => log_round_error(&e),
             }
-            let jitter = self.config.retry_period.mul_f64(rand::random::<f64>() * 0.2);
+            let jitter = self
+                .config
+                .retry_period
+                .mul_f64(rand::random::<f64>() * 0.2);
             tokio::select! {
                 _ = cancel.cancelled() => return None,
                 _ = tokio::time::sleep(self.config.retry_period + jitter) => {}
@@ -220,7 +224,11 @@ impl<C: Cluster> LeaderElector<C> {
     }
 
     /// One round, bounded: `limit` covers the read and the write together.
-    async fn bounded_round(&mut self, leading: bool, limit: Duration) -> Result<Round, LeaderError> {
+    async fn bounded_round(
+        &mut self,
+        leading: bool,
+        limit: Duration,
+    ) -> Result<Round, LeaderError> {
         match tokio::time::timeout(limit, self.round(leading)).await {
             Ok(r) => r.map_err(|source| LeaderError::Api {
                 lease: self.config.key(),
@@ -238,7 +246,11 @@ impl<C: Cluster> LeaderElector<C> {
         let ns = self.config.namespace.clone();
         let now = MicroTime(self.clock.now());
         let duration_secs = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
-        let Some(current) = self.cluster.get::<Lease>(Some(&ns), &self.config.name).await? else {
+        let Some(current) = self
+            .cluster
+            .get::<Lease>(Some(&ns), &self.config.name)
+            .await?
+        else {
             if leading {
                 // Someone deleted it under us; a standby may be creating it right now.
                 return Ok(Round::Absent);
@@ -305,7 +317,10 @@ impl<C: Cluster> LeaderElector<C> {
         let limit = self.config.renew_deadline;
         let attempt = async {
             let ns = self.config.namespace.clone();
-            let Some(mut current) = self.cluster.get::<Lease>(Some(&ns), &self.config.name).await?
+            let Some(mut current) = self
+                .cluster
+                .get::<Lease>(Some(&ns), &self.config.name)
+                .await?
             else {
                 return Ok(false);
             };
@@ -364,7 +379,9 @@ fn log_round_error(e: &LeaderError) {
         LeaderError::Api {
             source: ClusterError::Forbidden { .. },
             ..
-        } => tracing::error!(error = %e, "leader election: RBAC refuses the Lease (coordination.k8s.io leases get/create/update)"),
+        } => {
+            tracing::error!(error = %e, "leader election: RBAC refuses the Lease (coordination.k8s.io leases get/create/update)")
+        }
         _ => tracing::warn!(error = %e, "leader election: will retry"),
     }
 }
@@ -578,7 +595,11 @@ mod tests {
             took <= DEFAULT_LEASE_DURATION + DEFAULT_RETRY_PERIOD.mul_f64(2.4),
             "b took over after {took:?}"
         );
-        let lease = c.get::<Lease>(Some(NS), NAME).await.expect("get").expect("lease");
+        let lease = c
+            .get::<Lease>(Some(NS), NAME)
+            .await
+            .expect("get")
+            .expect("lease");
         assert_eq!(lease.spec.and_then(|s| s.lease_transitions), Some(1));
         // a's renewal task is gone; it reports loss instead of hanging.
         let lost = lead_a.lost().await;
@@ -637,7 +658,11 @@ mod tests {
         // Another holder appears: the leader notices at its next renewal.
         c.set_fault_injector(None);
         let mut lead = elector(&c, "b").acquire(&cancel).await.expect("b leads");
-        let mut lease = c.get::<Lease>(Some(NS), NAME).await.expect("get").expect("lease");
+        let mut lease = c
+            .get::<Lease>(Some(NS), NAME)
+            .await
+            .expect("get")
+            .expect("lease");
         if let Some(s) = lease.spec.as_mut() {
             s.holder_identity = Some("intruder".into());
         }
