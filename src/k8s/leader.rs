@@ -214,8 +214,10 @@ impl<C: Cluster> LeaderElector<C> {
         let stop = CancellationToken::new();
         let (lost_tx, lost_rx) = watch::channel(None);
         let role = self.role.subscribe();
+        let lease = self.config.key();
         let task = tokio::spawn(renew_loop(self, renewed_at, stop.clone(), lost_tx));
         Leadership {
+            lease,
             stop,
             lost: lost_rx,
             role,
@@ -446,6 +448,8 @@ async fn renew_loop<C: Cluster>(
 
 /// Held leadership: renewed in the background until released or lost.
 pub struct Leadership<C: Cluster> {
+    /// `namespace/name`, for errors.
+    lease: String,
     stop: CancellationToken,
     lost: watch::Receiver<Option<LeaderError>>,
     role: watch::Receiver<Role>,
@@ -458,12 +462,12 @@ impl<C: Cluster> Leadership<C> {
     pub async fn lost(&mut self) -> LeaderError {
         match self.lost.wait_for(Option::is_some).await {
             Ok(reason) => reason.clone().unwrap_or_else(|| LeaderError::Lost {
-                lease: String::new(),
+                lease: self.lease.clone(),
                 reason: "renewal stopped".into(),
             }),
             // The renewal task is gone (it panicked): nothing renews the Lease any more.
             Err(_) => LeaderError::Lost {
-                lease: String::new(),
+                lease: self.lease.clone(),
                 reason: "the renewal task ended".into(),
             },
         }
@@ -485,7 +489,7 @@ impl<C: Cluster> Leadership<C> {
             }
             Ok(None) => Ok(false),
             Err(e) => Err(LeaderError::Lost {
-                lease: String::new(),
+                lease: self.lease,
                 reason: format!("the renewal task failed: {e}"),
             }),
         }
