@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use apply::{apply, parse_docs};
 use controlplane::ControlPlane;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kpssh::api::{SSHHost, SSHJoinProfile, crds};
 use kpssh::k8s::{Cluster, ClusterError, KubeCluster};
@@ -137,7 +138,7 @@ fn helm_lint_passes_with_defaults_and_every_optional_object() {
 }
 
 #[test]
-fn defaults_render_a_hardened_single_controller() {
+fn defaults_render_a_hardened_elected_controller() {
     let objs = render("kpssh", "kpssh-system", &[]).expect("render");
     let mut want = vec![
         "ClusterRole",
@@ -146,6 +147,8 @@ fn defaults_render_a_hardened_single_controller() {
         "Role",
         "Role",
         "Role",
+        "Role",
+        "RoleBinding",
         "RoleBinding",
         "RoleBinding",
         "RoleBinding",
@@ -162,9 +165,21 @@ fn defaults_render_a_hardened_single_controller() {
     );
 
     let dep = one(&objs, "Deployment");
-    assert_eq!(dep["spec"]["replicas"], 1);
-    assert_eq!(dep["spec"]["strategy"]["type"], "Recreate");
+    // HA: two replicas elect a leader through a Lease, so pods are replaced one at a time.
+    assert_eq!(dep["spec"]["replicas"], 2);
+    assert_eq!(
+        dep["spec"]["strategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    );
     let pod = &dep["spec"]["template"]["spec"];
+    // Replicas prefer different nodes, so losing one node leaves a standby.
+    assert_eq!(
+        pod["affinity"]["podAntiAffinity"],
+        json!({"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100,
+            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector":
+                {"matchLabels": {"app.kubernetes.io/name": "kpssh",
+                                 "app.kubernetes.io/instance": "kpssh"}}}}]})
+    );
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert_eq!(
         pod["securityContext"]["seccompProfile"]["type"],
@@ -209,7 +224,23 @@ fn defaults_render_a_hardened_single_controller() {
             names.push(name);
         }
     }
-    assert_eq!(names.len(), 9, "{names:?}");
+    assert_eq!(names.len(), 12, "{names:?}");
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    assert_eq!(value("KPSSH_LEADER_ELECT"), "true");
+    assert_eq!(value("KPSSH_LEADER_ELECTION_NAMESPACE"), "kpssh-system");
+    assert_eq!(value("KPSSH_LEADER_ELECTION_ID"), "kpssh-controller");
+    // The Lease holder identity starts with the pod's name.
+    assert_eq!(
+        env.iter()
+            .find(|e| e["name"] == "POD_NAME")
+            .map(|e| &e["valueFrom"]),
+        Some(&json!({"fieldRef": {"fieldPath": "metadata.name"}}))
+    );
     let pool = env
         .iter()
         .find(|e| e["name"] == "KPSSH_POOL_NAMESPACE")
@@ -226,6 +257,47 @@ fn defaults_render_a_hardened_single_controller() {
             .and_then(|a| a.rsplit(':').next())
             .and_then(|p| p.parse().ok()),
     );
+}
+
+#[test]
+fn without_leader_election_one_controller_is_replaced_by_recreate() {
+    let set = ["leaderElection.enabled=false", "replicas=1"];
+    let objs = render("kpssh", "kpssh-system", &set).expect("render");
+    let dep = one(&objs, "Deployment");
+    assert_eq!(dep["spec"]["replicas"], 1);
+    assert_eq!(dep["spec"]["strategy"], json!({"type": "Recreate"}));
+    let pod = &dep["spec"]["template"]["spec"];
+    assert!(pod["affinity"]["podAntiAffinity"].is_null());
+    let env = pod["containers"][0]["env"].as_array().expect("env");
+    let elect = env
+        .iter()
+        .find(|e| e["name"] == "KPSSH_LEADER_ELECT")
+        .expect("KPSSH_LEADER_ELECT");
+    assert_eq!(elect["value"], "false");
+    assert!(!env.iter().any(|e| e["name"] == "KPSSH_LEADER_ELECTION_ID"));
+    assert_eq!(of_kind(&objs, "Role").len(), 3, "no Lease Role");
+    // Without the Lease a second replica would work on the same hosts: refused.
+    let err = render(
+        "kpssh",
+        "kpssh-system",
+        &["leaderElection.enabled=false", "replicas=2"],
+    )
+    .expect_err("two replicas without leader election");
+    assert!(err.contains("leaderElection.enabled"), "{err}");
+    // Two releases in one namespace get two Leases; an explicit id is used as given.
+    let other = render("other", "kpssh-system", &[]).expect("render");
+    let id = |objs: &[Value]| {
+        one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .and_then(|env| env.iter().find(|e| e["name"] == "KPSSH_LEADER_ELECTION_ID"))
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(id(&other), Some(json!("other-kpssh-controller")));
+    let named = render("kpssh", "kpssh-system", &["leaderElection.id=fleet-a"]).expect("render");
+    assert_eq!(id(&named), Some(json!("fleet-a")));
+    let err = render("kpssh", "kpssh-system", &["leaderElection.id=Not_A_Name"])
+        .expect_err("invalid Lease name");
+    assert!(err.contains("leaderElection"), "{err}");
 }
 
 #[test]
@@ -294,6 +366,17 @@ fn rbac_is_least_privilege() {
         assert_eq!(found.len(), 1, "one Role in {ns}");
         found[0]
     };
+    // The leader Lease, in the release namespace only: create, then read and renew this
+    // release's Lease by name.
+    let leases = role_in("ops");
+    assert_eq!(
+        leases["rules"],
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["kp-kpssh-controller"], "verbs": ["get", "update"]}
+        ])
+    );
     let pool = role_in("fleet");
     assert_eq!(
         pool["rules"],
@@ -389,13 +472,24 @@ fn pdb_refuses_settings_that_would_block_drains() {
     let refused: &[&[&str]] = &[
         &["podDisruptionBudget.maxUnavailable=0"],
         &["podDisruptionBudget.maxUnavailable=0%"],
+        // One replica: it must be allowed to go.
         &[
+            "replicas=1",
             "podDisruptionBudget.maxUnavailable=null",
             "podDisruptionBudget.minAvailable=1",
+        ],
+        // Two replicas (the default): at least one must be allowed to go.
+        &[
+            "podDisruptionBudget.maxUnavailable=null",
+            "podDisruptionBudget.minAvailable=2",
         ],
         &[
             "podDisruptionBudget.maxUnavailable=null",
             "podDisruptionBudget.minAvailable=100%",
+        ],
+        &[
+            "podDisruptionBudget.maxUnavailable=null",
+            "podDisruptionBudget.minAvailable=60%",
         ],
         // Both set: ambiguous, refused.
         &["podDisruptionBudget.minAvailable=0"],
@@ -414,6 +508,15 @@ fn pdb_refuses_settings_that_would_block_drains() {
             "podDisruptionBudget.maxUnavailable=null",
             "podDisruptionBudget.minAvailable=0",
         ],
+        // With two replicas a standby stays up while the other pod is evicted.
+        &[
+            "podDisruptionBudget.maxUnavailable=null",
+            "podDisruptionBudget.minAvailable=1",
+        ],
+        &[
+            "podDisruptionBudget.maxUnavailable=null",
+            "podDisruptionBudget.minAvailable=50%",
+        ],
     ];
     for extra in accepted {
         let set: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
@@ -421,8 +524,9 @@ fn pdb_refuses_settings_that_would_block_drains() {
             .unwrap_or_else(|e| panic!("{set:?} must be accepted: {e}"));
         one(&objs, "PodDisruptionBudget");
     }
-    // A second replica would double every host operation: the schema refuses it.
-    let err = render("kpssh", "kpssh-system", &["replicas=2"]).expect_err("replicas=2");
+    // No replica at all is refused by the schema (replicas without leader election: see
+    // `without_leader_election_one_controller_is_replaced_by_recreate`).
+    let err = render("kpssh", "kpssh-system", &["replicas=0"]).expect_err("replicas=0");
     assert!(err.contains("replicas"), "{err}");
     // So does a value the controller would reject at start.
     let err =
@@ -776,6 +880,32 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
             .map(|_| ()),
         "a host spec change",
     );
+    // Leases: only this release's, only in the release namespace.
+    let lease = |ns: &str, name: &str| -> Lease {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}})).expect("lease")
+    };
+    forbidden(
+        sa.create(&lease("default", "rbac-kpssh-controller"))
+            .await
+            .map(|_| ()),
+        "creating a Lease outside the release namespace",
+    );
+    admin
+        .create(&lease(NS, "someone-elses"))
+        .await
+        .map(|_| ())
+        .or_else(|e| {
+            if matches!(e, ClusterError::AlreadyExists { .. }) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .expect("another Lease");
+    forbidden(
+        sa.get::<Lease>(Some(NS), "someone-elses").await.map(|_| ()),
+        "reading another Lease",
+    );
 
     // The controller binary under the same identity.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -784,6 +914,15 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
     let log_path = dir.path().join("controller.log");
     let log = std::fs::File::create(&log_path).expect("log file");
     let addr = format!("127.0.0.1:{}", free_port());
+    // The Lease settings exactly as the chart passes them.
+    let chart_env = |name: &str| -> String {
+        one(&objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .and_then(|env| env.iter().find(|e| e["name"] == name))
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("the chart sets no {name}"))
+            .to_string()
+    };
     let _controller = Killed(
         Command::new(env!("CARGO_BIN_EXE_kpssh"))
             .args([
@@ -795,6 +934,15 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
             ])
             .env("KUBECONFIG", &kubeconfig)
             .env("KPSSH_POOL_NAMESPACE", POOL)
+            .env("KPSSH_LEADER_ELECT", chart_env("KPSSH_LEADER_ELECT"))
+            .env(
+                "KPSSH_LEADER_ELECTION_NAMESPACE",
+                chart_env("KPSSH_LEADER_ELECTION_NAMESPACE"),
+            )
+            .env(
+                "KPSSH_LEADER_ELECTION_ID",
+                chart_env("KPSSH_LEADER_ELECTION_ID"),
+            )
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -838,6 +986,18 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // It works because it holds the chart's Lease.
+    let held: Option<Lease> = admin
+        .get(Some(NS), "rbac-kpssh-controller")
+        .await
+        .expect("lease");
+    assert!(
+        held.and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .is_some_and(|h| !h.is_empty()),
+        "the controller holds the Lease"
+    );
+    assert!(metrics.contains("\nkpssh_leader 1\n"), "{metrics}");
     let text = logs();
     assert!(
         !text.to_lowercase().contains("forbidden"),
@@ -916,7 +1076,10 @@ fn full_exposition() -> String {
     };
     m.attached_vcpus.get_or_create(&pool).set(4.0);
     m.cost_per_hour.get_or_create(&pool).set(0.08);
-    m.encode(&view)
+    // `kpssh controller` appends the leader gauge to the registry's text.
+    let mut text = m.encode(&view);
+    text.push_str(&kpssh::k8s::leader::exposition(true));
+    text
 }
 
 /// Label names each exposed sample name carries in an exposition.

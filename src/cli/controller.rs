@@ -3,11 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{ArgAction, Args};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::actors::{Config, Context, Controller, spawn_controller};
 use crate::clock::Clock;
 use crate::k8s::KubeCluster;
+use crate::k8s::leader::{self, LeaderElector, LeaderError, Leadership, LeaseConfig, Role};
 use crate::server::{Readiness, Status, serve};
 use crate::ssh::{RusshTransport, TransportConfig};
 
@@ -37,6 +40,23 @@ pub struct ControllerArgs {
     /// How long phases in flight may run on after SIGTERM.
     #[arg(long, env = "KPSSH_SHUTDOWN_GRACE", default_value = "60s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+    /// Work only while holding the leader Lease; other replicas stand by and take over when
+    /// the leader stops. `--leader-elect=false`: work at once, with no Lease (exactly one
+    /// controller per pool must then run).
+    #[arg(long, env = "KPSSH_LEADER_ELECT", default_value_t = true, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease. Empty: the kubeconfig context's namespace; in a pod, the
+    /// pod's own namespace.
+    #[arg(long, env = "KPSSH_LEADER_ELECTION_NAMESPACE", default_value = "")]
+    pub leader_election_namespace: String,
+    /// Name of the leader Lease: controllers naming the same Lease elect one leader among them.
+    #[arg(
+        long,
+        env = "KPSSH_LEADER_ELECTION_ID",
+        default_value = "kpssh-controller"
+    )]
+    pub leader_election_id: String,
 }
 
 /// Go-style durations as the CRDs use them: `^([0-9]+(s|m|h))+$`.
@@ -47,7 +67,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 struct ControllerStatus {
     ctx: Context<KubeCluster, RusshTransport>,
+    /// Set once the controller's watches delivered their first lists.
     ready: Readiness,
+    /// The election's view; `None` with `--leader-elect=false`.
+    role: Option<watch::Receiver<Role>>,
+}
+
+impl ControllerStatus {
+    /// Whether this process does the work (leads, or runs without an election).
+    fn working(&self) -> bool {
+        self.role
+            .as_ref()
+            .is_none_or(|r| *r.borrow() == Role::Leader)
+    }
 }
 
 impl Status for ControllerStatus {
@@ -57,10 +89,19 @@ impl Status for ControllerStatus {
             .metrics
             .ssh_connections
             .set(i64::try_from(open).unwrap_or(i64::MAX));
-        self.ctx.metrics.encode(&self.ctx.hosts)
+        let mut text = self.ctx.metrics.encode(&self.ctx.hosts);
+        text.push_str(&leader::exposition(self.working()));
+        text
     }
+    /// A standby is ready once it has read the Lease: it is healthy and can take over, and a
+    /// RollingUpdate must be able to count it (a standby that never turned Ready would stall
+    /// every rollout). The leader is ready once its watches delivered their first lists.
     fn ready(&self) -> bool {
-        self.ready.get()
+        match self.role.as_ref().map(|r| r.borrow().clone()) {
+            None | Some(Role::Leader) => self.ready.get(),
+            Some(Role::Standby { .. }) => true,
+            Some(Role::Starting | Role::Lost) => false,
+        }
     }
 }
 
@@ -76,6 +117,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     // eviction (429) or an unavailable server for minutes inside one call.
     kube_config.default_retry = false;
     let client = kube::Client::try_from(kube_config)?;
+    let cluster = KubeCluster::new(client.clone());
     let config = Config {
         pool_namespace: args.pool_namespace.clone(),
         probe_interval: args.probe_interval,
@@ -90,12 +132,27 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
         ..TransportConfig::default()
     });
     let ctx = Context::new(
-        KubeCluster::new(client),
+        cluster.clone(),
         Arc::new(transport),
         Clock::system(),
         config,
         None,
     );
+    let elector = if args.leader_elect {
+        let namespace = if args.leader_election_namespace.is_empty() {
+            client.default_namespace().to_string()
+        } else {
+            args.leader_election_namespace.clone()
+        };
+        let lease = LeaseConfig::new(
+            &namespace,
+            &args.leader_election_id,
+            &leader::process_identity(),
+        );
+        Some(LeaderElector::new(cluster, lease, Clock::system())?)
+    } else {
+        None
+    };
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.metrics_addr))?;
@@ -103,22 +160,98 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     let status = Arc::new(ControllerStatus {
         ctx: ctx.clone(),
         ready: ready.clone(),
+        role: elector.as_ref().map(LeaderElector::role),
     });
     tokio::spawn(serve(listener, status));
-    let controller: Controller = spawn_controller(&ctx).await?;
-    let mut karpenter = crate::karpenter::spawn(&ctx).await?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown_signal().await;
+            shutdown.cancel();
+        }
+    });
+
+    let mut leadership = match elector {
+        None => None,
+        Some(elector) => {
+            let lease = elector.config().clone();
+            tracing::info!(lease = %format!("{}/{}", lease.namespace, lease.name),
+                identity = %lease.identity, "waiting for the leader Lease before working");
+            match elector.acquire(&shutdown).await {
+                Some(held) => Some(held),
+                None => {
+                    tracing::info!("shut down while standing by");
+                    telemetry.shutdown().await;
+                    return Ok(0);
+                }
+            }
+        }
+    };
+    let started = async {
+        let controller: Controller = spawn_controller(&ctx).await?;
+        let karpenter = crate::karpenter::spawn(&ctx).await?;
+        anyhow::Ok((controller, karpenter))
+    };
+    let (controller, mut karpenter) = tokio::select! {
+        r = started => match r {
+            Ok(parts) => parts,
+            Err(e) => {
+                // Hand the Lease on rather than make a standby wait out its duration.
+                if let Some(held) = leadership {
+                    let _ = held.release().await;
+                }
+                return Err(e);
+            }
+        },
+        e = lost(&mut leadership) => return Ok(exit_on_lost(&e)),
+    };
     ready.set(true);
     tracing::info!(pool = %args.pool_namespace, "kpssh controller started");
-    shutdown_signal().await;
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        e = lost(&mut leadership) => return Ok(exit_on_lost(&e)),
+    }
     tracing::info!(grace = ?args.shutdown_grace, "shutting down: no new work, phases in flight finish");
     ready.set(false);
     karpenter.stop();
-    controller.shutdown(args.shutdown_grace).await;
+    // The Lease is still renewed while phases finish: nobody else may start on the same hosts.
+    tokio::select! {
+        _ = controller.shutdown(args.shutdown_grace) => {}
+        e = lost(&mut leadership) => return Ok(exit_on_lost(&e)),
+    }
     // Lifecycles still open end here (the next controller resumes them as new traces), then
     // whatever the batch exporter holds is sent.
     ctx.lifecycles.end_all("ControllerShutdown");
+    if let Some(held) = leadership {
+        // Work has stopped: a standby may take over at its next retry.
+        match held.release().await {
+            Ok(true) => tracing::info!("released the leader Lease"),
+            Ok(false) => tracing::warn!("the leader Lease was no longer ours to release"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release the leader Lease; it expires on its own")
+            }
+        }
+    }
     telemetry.shutdown().await;
     Ok(0)
+}
+
+/// Exit status after losing the Lease: the process stops at once (its Pod restarts and stands
+/// by), because another controller may start working on the same hosts after the lease duration.
+pub const LOST_LEASE_EXIT: i32 = 1;
+
+fn exit_on_lost(e: &LeaderError) -> i32 {
+    tracing::error!(error = %e, "lost the leader Lease: exiting so that no work continues without it");
+    LOST_LEASE_EXIT
+}
+
+/// Resolves when a held Lease is lost; never without an election.
+async fn lost(leadership: &mut Option<Leadership<KubeCluster>>) -> LeaderError {
+    match leadership.as_mut() {
+        Some(held) => held.lost().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn shutdown_signal() {

@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod error;
 pub mod finalizers;
 pub mod kube_cluster;
+pub mod leader;
 pub mod memory;
 
 pub use cluster::{

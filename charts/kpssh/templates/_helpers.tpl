@@ -45,3 +45,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "kpssh.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/* The leader Lease's name (in the release namespace). */}}
+{{- define "kpssh.leaseName" -}}
+{{- default (printf "%s-controller" (include "kpssh.fullname" .)) .Values.leaderElection.id -}}
+{{- end -}}
