@@ -1,53 +1,123 @@
 //! Host choice for a NodeClaim (S13): cheapest fitting class first, then warm hosts (install
 //! marker current) before cold, then the oldest host, then by name.
+//!
+//! The order does not depend on the claim, so a [`Ranking`] is built once per node class for a
+//! burst of claims (O(hosts)), and each claim then walks it from the front, checking only the
+//! claim's own requirements and resources and the host's current state (O(1) per claim when
+//! the claims are alike). Hosts seen taken are skipped for the rest of the ranking's life.
 
 use std::borrow::Borrow;
-use std::collections::BTreeMap;
 
 use super::instance_types::{
-    ClassSelector, InstanceTypeError, capacity_of, claimable, instance_types, usable,
+    ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types,
+    usable,
 };
 use super::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
 use crate::karpenter::quantity;
 
-/// Candidate host names for `claim`, best first.
-pub fn candidates<H: Borrow<SSHHost>>(
-    claim: &NodeClaim,
-    class: &SSHNodeClass,
-    profile_marker: &str,
-    hosts: &[H],
-) -> Result<Vec<String>, InstanceTypeError> {
-    let types = instance_types(class, hosts, false)?;
-    let price: BTreeMap<&str, f64> = types.iter().map(|t| (t.name.as_str(), t.price)).collect();
-    let claim_labels = claim.metadata.labels.clone().unwrap_or_default();
-    let selector = ClassSelector::of(class)?;
-    let mut fitting: Vec<(&SSHHost, f64)> = vec![];
-    for h in hosts {
-        let h = h.borrow();
-        if !claimable(h) || !selector.matches(h) || !usable(h) {
-            continue;
+/// The claimable hosts of one node class, best first, as they were when it was built.
+pub struct Ranking {
+    selector: ClassSelector,
+    types: Vec<InstanceType>,
+    /// Host name and its index in `types`, best first.
+    order: Vec<(String, usize)>,
+    /// Entries seen no longer claimable: never offered again by this ranking.
+    taken: Vec<bool>,
+    /// Every entry before this one is taken.
+    front: usize,
+}
+
+impl Ranking {
+    /// Rank the hosts of `class` that could be claimed now.
+    pub fn build<H: Borrow<SSHHost>>(
+        class: &SSHNodeClass,
+        profile_marker: &str,
+        hosts: &[H],
+    ) -> Result<Self, InstanceTypeError> {
+        let types = instance_types(class, hosts, false)?;
+        let selector = ClassSelector::of(class)?;
+        // (price, cold, created, name, type): the sort key, computed once per host.
+        let mut ranked: Vec<(f64, bool, Option<jiff::Timestamp>, String, usize)> = vec![];
+        for h in hosts {
+            let h = h.borrow();
+            if !claimable(h) || !selector.matches(h) || !usable(h) {
+                continue;
+            }
+            let (Some(ti), Some(name)) = (
+                types.iter().position(|t| t.name == h.class()),
+                h.metadata.name.clone(),
+            ) else {
+                continue;
+            };
+            ranked.push((types[ti].price, is_cold(h, profile_marker), created(h), name, ti));
         }
-        let Some(ty) = types.iter().find(|t| t.name == h.class()) else {
-            continue;
-        };
-        let mut labels = claim_labels.clone();
-        labels.extend(ty.labels());
-        if !all_match(&claim.spec.requirements, &labels) || !fits(claim, h, class) {
-            continue;
-        }
-        fitting.push((h, price.get(h.class()).copied().unwrap_or(f64::MAX)));
+        ranked.sort_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then_with(|| a.1.cmp(&b.1))
+                .then_with(|| a.2.cmp(&b.2))
+                .then_with(|| a.3.cmp(&b.3))
+        });
+        let order: Vec<(String, usize)> = ranked.into_iter().map(|r| (r.3, r.4)).collect();
+        Ok(Ranking {
+            selector,
+            types,
+            taken: vec![false; order.len()],
+            order,
+            front: 0,
+        })
     }
-    fitting.sort_by(|(a, pa), (b, pb)| {
-        pa.total_cmp(pb)
-            .then_with(|| is_cold(a, profile_marker).cmp(&is_cold(b, profile_marker)))
-            .then_with(|| created(a).cmp(&created(b)))
-            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
-    });
-    Ok(fitting
-        .into_iter()
-        .filter_map(|(h, _)| h.metadata.name.clone())
-        .collect())
+
+    /// The best host for `claim`: still claimable according to `current` (the live view),
+    /// not excluded by `skip` (hosts reserved by claims in flight), matching the claim's
+    /// requirements and fitting its requests.
+    pub fn pick(
+        &mut self,
+        claim: &NodeClaim,
+        class: &SSHNodeClass,
+        current: impl Fn(&str) -> Option<SSHHost>,
+        skip: impl Fn(&str) -> bool,
+    ) -> Option<SSHHost> {
+        let claim_labels = claim.metadata.labels.clone().unwrap_or_default();
+        // Requirements are checked against the claim's labels and the instance type's: once
+        // per type, not per host.
+        let type_ok: Vec<bool> = self
+            .types
+            .iter()
+            .map(|t| {
+                let mut labels = claim_labels.clone();
+                labels.extend(t.labels());
+                all_match(&claim.spec.requirements, &labels)
+            })
+            .collect();
+        for i in self.front..self.order.len() {
+            if self.taken[i] {
+                continue;
+            }
+            let (name, ti) = &self.order[i];
+            if skip(name) || !type_ok[*ti] {
+                continue;
+            }
+            let host = current(name)
+                .filter(|h| claimable(h) && usable(h) && self.selector.matches(h));
+            let Some(host) = host else {
+                self.taken[i] = true;
+                continue;
+            };
+            if fits(claim, &host, class) {
+                self.advance();
+                return Some(host);
+            }
+        }
+        self.advance();
+        None
+    }
+
+    fn advance(&mut self) {
+        while self.front < self.taken.len() && self.taken[self.front] {
+            self.front += 1;
+        }
+    }
 }
 
 fn is_cold(h: &SSHHost, marker: &str) -> bool {
