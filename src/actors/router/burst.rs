@@ -52,7 +52,7 @@ pub struct Burst {
     in_flight: BTreeMap<String, InFlight>,
     /// Hosts held by claims in flight: never offered to another claim meanwhile.
     reserved: BTreeSet<String>,
-    /// Hosts whose CAS was lost in this burst (taken by someone else).
+    /// Hosts whose CAS was lost in this burst and could not be re-read.
     lost: BTreeSet<String>,
     /// Lost CASes of this round, by NodeClaim name.
     attempts: BTreeMap<String, usize>,
@@ -186,8 +186,13 @@ async fn dispatch<C: Cluster, T: Transport>(state: &mut RouterState<C, T>, name:
         }
     }
     if matches!(pick(state, &class_name, &nc, false), Ok(Some(_))) {
-        // Only hosts reserved by claims in flight fit: one of them may lose its CAS.
-        state.burst.deferred.push(name.to_string());
+        // Only hosts held by claims in flight, or whose lost CAS could not be re-read, fit:
+        // they may still come free. Look again when a claim ends, or on the next tick.
+        if state.burst.in_flight.is_empty() {
+            state.waiting.insert(name.to_string());
+        } else {
+            state.burst.deferred.push(name.to_string());
+        }
         return;
     }
     let why = "no Available host of any fitting class".to_string();
@@ -231,13 +236,14 @@ async fn rank<C: Cluster, T: Transport>(
     Ok(Some(true))
 }
 
-/// The next host of the class's ranking for `nc`; `skip_reserved: false` also offers hosts
-/// held by claims in flight. `Err`: the class cannot be offered (bad price or selector).
+/// The next host of the class's ranking for `nc`; `skip_held: false` also offers hosts held
+/// by claims in flight or lost without a re-read. `Err`: the class cannot be offered (bad
+/// price or selector).
 fn pick<C: Cluster, T: Transport>(
     state: &mut RouterState<C, T>,
     class_name: &str,
     nc: &NodeClaim,
-    skip_reserved: bool,
+    skip_held: bool,
 ) -> Result<Option<SSHHost>, String> {
     let hosts = &state.ctx.hosts;
     let burst = &mut state.burst;
@@ -250,7 +256,7 @@ fn pick<C: Cluster, T: Transport>(
         nc,
         &entry.class,
         |n| hosts.get(n),
-        |n| lost.contains(n) || (skip_reserved && reserved.contains(n)),
+        |n| skip_held && (reserved.contains(n) || lost.contains(n)),
     ))
 }
 
@@ -357,11 +363,14 @@ pub async fn apply<C: Cluster, T: Transport>(state: &mut RouterState<C, T>, outc
             // S15: someone else got there first; that is not an error. Try the next one.
             state.conflicts += 1;
             state.ctx.metrics.claim_conflicts.inc();
-            if let Some(fresh) = fresh {
-                state.ctx.hosts.upsert(*fresh);
-            }
-            if let Some(h) = host {
-                state.burst.lost.insert(h);
+            // The re-read tells whether the host is still free (a probe write raced the CAS)
+            // or taken; without it, the host is not offered again in this burst.
+            match (fresh, host) {
+                (Some(fresh), _) => state.ctx.hosts.upsert(*fresh),
+                (None, Some(h)) => {
+                    state.burst.lost.insert(h);
+                }
+                (None, None) => {}
             }
             let attempts = state.burst.attempts.entry(name.clone()).or_default();
             *attempts += 1;

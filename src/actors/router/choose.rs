@@ -9,8 +9,7 @@
 use std::borrow::Borrow;
 
 use super::instance_types::{
-    ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types,
-    usable,
+    ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types, usable,
 };
 use super::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
@@ -50,7 +49,13 @@ impl Ranking {
             ) else {
                 continue;
             };
-            ranked.push((types[ti].price, is_cold(h, profile_marker), created(h), name, ti));
+            ranked.push((
+                types[ti].price,
+                is_cold(h, profile_marker),
+                created(h),
+                name,
+                ti,
+            ));
         }
         ranked.sort_by(|a, b| {
             a.0.total_cmp(&b.0)
@@ -98,8 +103,8 @@ impl Ranking {
             if skip(name) || !type_ok[*ti] {
                 continue;
             }
-            let host = current(name)
-                .filter(|h| claimable(h) && usable(h) && self.selector.matches(h));
+            let host =
+                current(name).filter(|h| claimable(h) && usable(h) && self.selector.matches(h));
             let Some(host) = host else {
                 self.taken[i] = true;
                 continue;

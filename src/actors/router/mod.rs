@@ -308,4 +308,3 @@ fn grace_expired(nc: &NodeClaim, clock: &crate::clock::Clock) -> bool {
         .as_ref()
         .is_some_and(|t| clock.since(t.0) >= grace)
 }
-
