@@ -250,6 +250,7 @@ async fn burst<C: Cluster>(
     let conflicts_before = ctx.metrics.claim_conflicts.get();
     let claims_before = ctx.metrics.claims.get();
     let api_before = stats.as_ref().map(|s| s.stats().conflicts);
+    let stats_before = stats.as_ref().map(|s| s.stats());
     let t0 = Instant::now();
     let names: Vec<String> = (0..n).map(|i| format!("burst-{i:05}")).collect();
     futures::stream::iter(&names)
@@ -279,6 +280,19 @@ async fn burst<C: Cluster>(
         .as_ref()
         .zip(api_before)
         .map(|(s, before)| s.stats().conflicts - before);
+    if let (Some(s), Some(before)) = (stats.as_ref(), stats_before.as_ref()) {
+        let after = s.stats();
+        println!(
+            "memory tier, API calls from first NodeClaim created to all recorded: \
+             creates {} replaces {} status writes {} patches {} deletes {} lists {}",
+            after.creates - before.creates,
+            after.replaces - before.replaces,
+            after.status_writes - before.status_writes,
+            after.patches - before.patches,
+            after.deletes - before.deletes,
+            after.lists - before.lists,
+        );
+    }
 
     // Every claim is on the API: each host holds exactly one, each NodeClaim one host.
     let hs: Vec<SSHHost> = cluster.list(Some(NS), None).await.expect("list hosts");

@@ -38,8 +38,8 @@ pub enum ClaimResult {
     Failed(ClusterError),
 }
 
-/// Set the finalizer (once), compare-and-swap the claim onto `host` (name and UID, S13, S15)
-/// and record the event; then report.
+/// Set the finalizer (once) and compare-and-swap the claim onto `host` (name and UID, S13,
+/// S15); report, then record the event.
 pub async fn run<C: Cluster, T: Transport>(
     ctx: Context<C, T>,
     router: ActorRef<RouterMsg>,
@@ -57,9 +57,13 @@ pub async fn run<C: Cluster, T: Transport>(
     };
     outcome.result = match claim_once(&ctx, &nc, &claim, &host, &mut outcome.finalized).await {
         Ok(updated) => {
+            // The claim is on the API: the router may launch and take the next claim while
+            // the event is written.
+            outcome.result = ClaimResult::Won(Box::new(updated));
+            report(&ctx, &router, outcome);
             let msg = format!("claimed SSHHost {}/{host_name}", ctx.pool_ns());
             events::record(&ctx.cluster, &nc, EventType::Normal, events::CLAIMED, msg).await;
-            ClaimResult::Won(Box::new(updated))
+            return;
         }
         Err(e) if e.is_conflict() && outcome.finalized => {
             let fresh = ctx
