@@ -9,7 +9,8 @@
 //! `kpssh_claims` counter reaching N, i.e. every claim CAS accepted by the API).
 //!
 //! `cargo bench --bench burst`; `KPSSH_BENCH_CLAIMS` (1000) sets both hosts and claims,
-//! `KPSSH_BENCH_TIERS` (`apiserver,memory`) picks the tiers.
+//! `KPSSH_BENCH_TIERS` (`apiserver,memory`) picks the tiers, `KPSSH_BENCH_CLAIM_CONCURRENCY`
+//! sets the router's `max_concurrent_claims` (64).
 
 #[path = "../tests/support/controlplane.rs"]
 mod controlplane;
@@ -218,10 +219,16 @@ async fn burst<C: Cluster>(
     futures::stream::iter(&hosts)
         .for_each_concurrent(CREATE_PARALLELISM, |h| create(&cluster, h))
         .await;
-    let config = Config {
+    let mut config = Config {
         pool_namespace: NS.into(),
         ..Config::default()
     };
+    if let Some(c) = std::env::var("KPSSH_BENCH_CLAIM_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        config.max_concurrent_claims = c;
+    }
     let ctx = Context::new(
         cluster.clone(),
         Arc::new(transport),
