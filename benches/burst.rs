@@ -10,7 +10,7 @@
 //!
 //! `cargo bench --bench burst`; `KPSSH_BENCH_CLAIMS` (1000) sets both hosts and claims,
 //! `KPSSH_BENCH_TIERS` (`apiserver,memory`) picks the tiers, `KPSSH_BENCH_CLAIM_CONCURRENCY`
-//! sets the router's `max_concurrent_claims` (64).
+//! sets the router's `max_concurrent_claims` (128).
 
 #[path = "../tests/support/controlplane.rs"]
 mod controlplane;

@@ -41,7 +41,7 @@ impl Default for Config {
             adopt_timeout: Duration::from_secs(4 * 60),
             max_concurrent_probes: 64,
             max_concurrent_phases: 32,
-            max_concurrent_claims: 64,
+            max_concurrent_claims: 128,
             ssh_dials_per_second: 50,
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),
