@@ -155,3 +155,106 @@ pub fn fits(claim: &NodeClaim, host: &SSHHost, class: &SSHNodeClass) -> bool {
         capacity_of(host, k).is_some_and(|have| want <= have - reserved)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::api::{ClaimRef, HostState, SSHHostStatus};
+    use crate::sim::SimHost;
+    use crate::sim::world::{host_object, node_claim, node_class};
+
+    fn available(name: &str, class: &str, cpu: u32, age_s: i64, warm: bool) -> SSHHost {
+        let mut h = host_object(
+            "pool",
+            name,
+            class,
+            &SimHost::new("10.0.0.1", cpu, 8_000_000),
+        );
+        h.metadata.creation_timestamp = Some(Time(
+            jiff::Timestamp::from_second(1_000_000 - age_s).expect("time"),
+        ));
+        h.status = Some(SSHHostStatus {
+            state: HostState::Available,
+            observed_arch: Some("amd64".into()),
+            observed_capacity: Some(BTreeMap::from([
+                ("cpu".into(), Quantity(cpu.to_string())),
+                ("memory".into(), Quantity("8000000Ki".into())),
+            ])),
+            installed_profile: warm.then(|| "p@1".to_string()),
+            ..Default::default()
+        });
+        h
+    }
+
+    fn by_name(hosts: &[SSHHost]) -> BTreeMap<String, SSHHost> {
+        hosts
+            .iter()
+            .map(|h| (h.metadata.name.clone().unwrap_or_default(), h.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn s13_ranking_is_cheapest_then_warm_then_oldest_then_name() {
+        let class = node_class("pool", "p");
+        let hosts = vec![
+            available("big", "big", 8, 500, true),
+            available("cold-old", "small", 2, 400, false),
+            available("warm-new", "small", 2, 10, true),
+            available("warm-old-b", "small", 2, 300, true),
+            available("warm-old-a", "small", 2, 300, true),
+        ];
+        let view = by_name(&hosts);
+        let nc = node_claim("nc", "pool", "1", "1Gi");
+        let mut ranking = Ranking::build(&class, "p@1", &hosts).expect("ranking");
+        let handed = std::cell::RefCell::new(Vec::<String>::new());
+        while let Some(h) = ranking.pick(
+            &nc,
+            &class,
+            |n| view.get(n).cloned(),
+            |n| handed.borrow().iter().any(|x| x == n),
+        ) {
+            handed
+                .borrow_mut()
+                .push(h.metadata.name.unwrap_or_default());
+        }
+        assert_eq!(
+            handed.into_inner(),
+            ["warm-old-a", "warm-old-b", "warm-new", "cold-old", "big"]
+        );
+    }
+
+    #[test]
+    fn s15_pick_skips_reserved_and_taken_hosts_and_checks_the_claims_fit() {
+        let class = node_class("pool", "p");
+        let hosts: Vec<SSHHost> = (0..4)
+            .map(|i| available(&format!("h{i}"), "small", 2, 100 - i, true))
+            .collect();
+        let mut view = by_name(&hosts);
+        let nc = node_claim("nc", "pool", "1", "1Gi");
+        let mut ranking = Ranking::build(&class, "p@1", &hosts).expect("ranking");
+        // h0 was claimed since the ranking was built; h1 is reserved by a claim in flight.
+        if let Some(h0) = view.get_mut("h0") {
+            h0.status.as_mut().expect("status").claim_ref = Some(ClaimRef {
+                name: "other".into(),
+                uid: "u".into(),
+            });
+        }
+        let pick = |r: &mut Ranking, nc: &NodeClaim, view: &BTreeMap<String, SSHHost>| {
+            r.pick(nc, &class, |n| view.get(n).cloned(), |n| n == "h1")
+                .and_then(|h| h.metadata.name)
+        };
+        assert_eq!(pick(&mut ranking, &nc, &view).as_deref(), Some("h2"));
+        // h0 is never looked at again, even if the view goes back.
+        let claimed_h0 = view.remove("h0");
+        assert!(claimed_h0.is_some());
+        view.insert("h0".into(), hosts[0].clone());
+        assert_eq!(pick(&mut ranking, &nc, &view).as_deref(), Some("h2"));
+        let too_big = node_claim("big", "pool", "4", "1Gi");
+        assert_eq!(pick(&mut ranking, &too_big, &view), None, "2 cpu hosts");
+    }
+}
