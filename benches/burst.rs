@@ -9,7 +9,8 @@
 //! `kpssh_claims` counter reaching N, i.e. every claim CAS accepted by the API).
 //!
 //! `cargo bench --bench burst`; `KPSSH_BENCH_CLAIMS` (1000) sets both hosts and claims,
-//! `KPSSH_BENCH_TIERS` (`apiserver,memory`) picks the tiers.
+//! `KPSSH_BENCH_TIERS` (`apiserver,memory`) picks the tiers, `KPSSH_BENCH_CLAIM_CONCURRENCY`
+//! sets the router's `max_concurrent_claims` (128).
 
 #[path = "../tests/support/controlplane.rs"]
 mod controlplane;
@@ -218,10 +219,16 @@ async fn burst<C: Cluster>(
     futures::stream::iter(&hosts)
         .for_each_concurrent(CREATE_PARALLELISM, |h| create(&cluster, h))
         .await;
-    let config = Config {
+    let mut config = Config {
         pool_namespace: NS.into(),
         ..Config::default()
     };
+    if let Some(c) = std::env::var("KPSSH_BENCH_CLAIM_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        config.max_concurrent_claims = c;
+    }
     let ctx = Context::new(
         cluster.clone(),
         Arc::new(transport),
@@ -250,6 +257,7 @@ async fn burst<C: Cluster>(
     let conflicts_before = ctx.metrics.claim_conflicts.get();
     let claims_before = ctx.metrics.claims.get();
     let api_before = stats.as_ref().map(|s| s.stats().conflicts);
+    let stats_before = stats.as_ref().map(|s| s.stats());
     let t0 = Instant::now();
     let names: Vec<String> = (0..n).map(|i| format!("burst-{i:05}")).collect();
     futures::stream::iter(&names)
@@ -279,6 +287,19 @@ async fn burst<C: Cluster>(
         .as_ref()
         .zip(api_before)
         .map(|(s, before)| s.stats().conflicts - before);
+    if let (Some(s), Some(before)) = (stats.as_ref(), stats_before.as_ref()) {
+        let after = s.stats();
+        println!(
+            "memory tier, API calls from first NodeClaim created to all recorded: \
+             creates {} replaces {} status writes {} patches {} deletes {} lists {}",
+            after.creates - before.creates,
+            after.replaces - before.replaces,
+            after.status_writes - before.status_writes,
+            after.patches - before.patches,
+            after.deletes - before.deletes,
+            after.lists - before.lists,
+        );
+    }
 
     // Every claim is on the API: each host holds exactly one, each NodeClaim one host.
     let hs: Vec<SSHHost> = cluster.list(Some(NS), None).await.expect("list hosts");

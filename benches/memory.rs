@@ -52,7 +52,10 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: the caller's contract is passed on as it is.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
-            LIVE.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
+            LIVE.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
         }
         p
     }
@@ -85,7 +88,12 @@ fn main() {
     let kib = |b: f64| b / 1024.0;
     report::print_table(
         "controller memory per idle host (live heap, counting allocator)",
-        &["hosts", "heap with controller", "heap without", "per idle host"],
+        &[
+            "hosts",
+            "heap with controller",
+            "heap without",
+            "per idle host",
+        ],
         &[vec![
             m.hosts.to_string(),
             format!("{:.1} MiB", kib(m.with_controller as f64) / 1024.0),
@@ -124,7 +132,9 @@ fn main() {
 }
 
 async fn measure(hosts: usize) -> Measured {
-    let w = World::start_bare(Config::default(), 5).await.expect("world");
+    let w = World::start_bare(Config::default(), 5)
+        .await
+        .expect("world");
     w.add_profile_and_class("p", "pool")
         .await
         .expect("profile and class");

@@ -19,6 +19,9 @@ pub struct Config {
     /// Fleet-wide bounds so that thousands of hosts never stampede.
     pub max_concurrent_probes: usize,
     pub max_concurrent_phases: usize,
+    /// NodeClaims the router claims hosts for at once (finalizer, CAS and event in flight); a
+    /// burst of claims is spread over this many tasks, each on a host reserved for it.
+    pub max_concurrent_claims: usize,
     pub ssh_dials_per_second: u32,
     /// First retry delay after a failed probe or API write; doubles up to `retry_max`.
     pub retry_base: Duration,
@@ -38,6 +41,7 @@ impl Default for Config {
             adopt_timeout: Duration::from_secs(4 * 60),
             max_concurrent_probes: 64,
             max_concurrent_phases: 32,
+            max_concurrent_claims: 128,
             ssh_dials_per_second: 50,
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),

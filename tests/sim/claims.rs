@@ -169,6 +169,105 @@ async fn s15_burst_of_claims_each_get_one_host() {
     );
 }
 
+/// `n` Available hosts `h00`.., all added at the same instant (ranked by name).
+async fn pool_of(w: &World, n: usize, net: u8) {
+    for i in 0..n {
+        w.add_host(
+            &format!("h{i:02}"),
+            "small",
+            SimHost::new(&format!("10.{net}.0.{i}"), 2, 4_000_000),
+        )
+        .await
+        .expect("host");
+    }
+    for i in 0..n {
+        wait_state(w, &format!("h{i:02}"), HostState::Available, MINUTE).await;
+    }
+}
+
+/// Every claim holds a distinct host once `n` hosts are InUse.
+async fn all_claims_land(w: &World, n: usize) {
+    let all_held = w
+        .until(3 * MINUTE, || async {
+            let hosts: Vec<SSHHost> = w.cluster.list(Some(&w.ns()), None).await.expect("list");
+            hosts
+                .iter()
+                .filter(|h| h.state() == HostState::InUse)
+                .count()
+                == n
+        })
+        .await;
+    assert!(all_held, "every claim got a host");
+    let hosts: Vec<SSHHost> = w.cluster.list(Some(&w.ns()), None).await.expect("list");
+    let held: std::collections::BTreeSet<String> = hosts
+        .iter()
+        .filter_map(|h| h.claim().map(|c| c.name.clone()))
+        .collect();
+    assert_eq!(
+        held.len(),
+        n,
+        "no host claimed twice, no claim on two hosts"
+    );
+}
+
+/// S15 at burst scale: the router claims for many NodeClaims at once, and a host reserved by
+/// a claim in flight is offered to no other, so a burst of N claims all created together
+/// spreads over N hosts with (almost) no lost CAS instead of racing for the best host.
+#[tokio::test(start_paused = true)]
+async fn s15_concurrent_burst_spreads_over_the_pool_without_conflicts() {
+    const N: usize = 64;
+    let w = world().await;
+    pool_of(&w, N, 6).await;
+    let conflicts_before = w.ctx.metrics.claim_conflicts.get();
+    let names: Vec<String> = (0..N).map(|i| format!("burst-{i:02}")).collect();
+    futures::future::join_all(names.iter().map(|n| claim(&w, n, "1"))).await;
+    all_claims_land(&w, N).await;
+    let conflicts = w.ctx.metrics.claim_conflicts.get() - conflicts_before;
+    assert!(
+        conflicts as f64 <= 0.02 * N as f64,
+        "{conflicts} lost CASes for {N} claims"
+    );
+    assert!(
+        !reasons(&w).iter().any(|r| r == "InsufficientCapacity"),
+        "no claim went without a host"
+    );
+}
+
+/// S15: a lost CAS is not an error; the claim takes a host again and every claim lands.
+#[tokio::test(start_paused = true)]
+async fn s15_lost_cas_is_retried_not_an_error() {
+    const N: usize = 8;
+    let w = world().await;
+    pool_of(&w, N, 7).await;
+    let conflicts_before = w.ctx.metrics.claim_conflicts.get();
+    // The first status write to the best host after this point (the router's CAS) loses.
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let once = refused.clone();
+    w.cluster
+        .set_fault_injector(Some(std::sync::Arc::new(move |kind, obj_kind, key| {
+            let first = kind == kpssh::k8s::memory::WriteKind::ReplaceStatus
+                && obj_kind == "SSHHost"
+                && key.ends_with("/h00")
+                && !once.swap(true, std::sync::atomic::Ordering::SeqCst);
+            first.then(|| kpssh::k8s::ClusterError::Conflict {
+                kind: obj_kind.to_string(),
+                key: key.to_string(),
+            })
+        })));
+    let names: Vec<String> = (0..N).map(|i| format!("burst-{i:02}")).collect();
+    futures::future::join_all(names.iter().map(|n| claim(&w, n, "1"))).await;
+    all_claims_land(&w, N).await;
+    assert!(
+        refused.load(std::sync::atomic::Ordering::SeqCst),
+        "the CAS was refused once"
+    );
+    assert_eq!(w.ctx.metrics.claim_conflicts.get() - conflicts_before, 1);
+    assert!(
+        !reasons(&w).iter().any(|r| r == "InsufficientCapacity"),
+        "no claim went without a host"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn s16_profile_version_bump_reruns_install() {
     let w = world().await;

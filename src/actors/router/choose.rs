@@ -1,53 +1,128 @@
 //! Host choice for a NodeClaim (S13): cheapest fitting class first, then warm hosts (install
 //! marker current) before cold, then the oldest host, then by name.
+//!
+//! The order does not depend on the claim, so a [`Ranking`] is built once per node class for a
+//! burst of claims (O(hosts)), and each claim then walks it from the front, checking only the
+//! claim's own requirements and resources and the host's current state (O(1) per claim when
+//! the claims are alike). Hosts seen taken are skipped for the rest of the ranking's life.
 
 use std::borrow::Borrow;
-use std::collections::BTreeMap;
 
 use super::instance_types::{
-    ClassSelector, InstanceTypeError, capacity_of, claimable, instance_types, usable,
+    ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types, usable,
 };
 use super::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
 use crate::karpenter::quantity;
 
-/// Candidate host names for `claim`, best first.
-pub fn candidates<H: Borrow<SSHHost>>(
-    claim: &NodeClaim,
-    class: &SSHNodeClass,
-    profile_marker: &str,
-    hosts: &[H],
-) -> Result<Vec<String>, InstanceTypeError> {
-    let types = instance_types(class, hosts, false)?;
-    let price: BTreeMap<&str, f64> = types.iter().map(|t| (t.name.as_str(), t.price)).collect();
-    let claim_labels = claim.metadata.labels.clone().unwrap_or_default();
-    let selector = ClassSelector::of(class)?;
-    let mut fitting: Vec<(&SSHHost, f64)> = vec![];
-    for h in hosts {
-        let h = h.borrow();
-        if !claimable(h) || !selector.matches(h) || !usable(h) {
-            continue;
+/// The claimable hosts of one node class, best first, as they were when it was built.
+pub struct Ranking {
+    selector: ClassSelector,
+    types: Vec<InstanceType>,
+    /// Host name and its index in `types`, best first.
+    order: Vec<(String, usize)>,
+    /// Entries seen no longer claimable: never offered again by this ranking.
+    taken: Vec<bool>,
+    /// Every entry before this one is taken.
+    front: usize,
+}
+
+impl Ranking {
+    /// Rank the hosts of `class` that could be claimed now.
+    pub fn build<H: Borrow<SSHHost>>(
+        class: &SSHNodeClass,
+        profile_marker: &str,
+        hosts: &[H],
+    ) -> Result<Self, InstanceTypeError> {
+        let types = instance_types(class, hosts, false)?;
+        let selector = ClassSelector::of(class)?;
+        // (price, cold, created, name, type): the sort key, computed once per host.
+        let mut ranked: Vec<(f64, bool, Option<jiff::Timestamp>, String, usize)> = vec![];
+        for h in hosts {
+            let h = h.borrow();
+            if !claimable(h) || !selector.matches(h) || !usable(h) {
+                continue;
+            }
+            let (Some(ti), Some(name)) = (
+                types.iter().position(|t| t.name == h.class()),
+                h.metadata.name.clone(),
+            ) else {
+                continue;
+            };
+            ranked.push((
+                types[ti].price,
+                is_cold(h, profile_marker),
+                created(h),
+                name,
+                ti,
+            ));
         }
-        let Some(ty) = types.iter().find(|t| t.name == h.class()) else {
-            continue;
-        };
-        let mut labels = claim_labels.clone();
-        labels.extend(ty.labels());
-        if !all_match(&claim.spec.requirements, &labels) || !fits(claim, h, class) {
-            continue;
-        }
-        fitting.push((h, price.get(h.class()).copied().unwrap_or(f64::MAX)));
+        ranked.sort_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then_with(|| a.1.cmp(&b.1))
+                .then_with(|| a.2.cmp(&b.2))
+                .then_with(|| a.3.cmp(&b.3))
+        });
+        let order: Vec<(String, usize)> = ranked.into_iter().map(|r| (r.3, r.4)).collect();
+        Ok(Ranking {
+            selector,
+            types,
+            taken: vec![false; order.len()],
+            order,
+            front: 0,
+        })
     }
-    fitting.sort_by(|(a, pa), (b, pb)| {
-        pa.total_cmp(pb)
-            .then_with(|| is_cold(a, profile_marker).cmp(&is_cold(b, profile_marker)))
-            .then_with(|| created(a).cmp(&created(b)))
-            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
-    });
-    Ok(fitting
-        .into_iter()
-        .filter_map(|(h, _)| h.metadata.name.clone())
-        .collect())
+
+    /// The best host for `claim`: still claimable according to `current` (the live view),
+    /// not excluded by `skip` (hosts reserved by claims in flight), matching the claim's
+    /// requirements and fitting its requests.
+    pub fn pick(
+        &mut self,
+        claim: &NodeClaim,
+        class: &SSHNodeClass,
+        current: impl Fn(&str) -> Option<SSHHost>,
+        skip: impl Fn(&str) -> bool,
+    ) -> Option<SSHHost> {
+        let claim_labels = claim.metadata.labels.clone().unwrap_or_default();
+        // Requirements are checked against the claim's labels and the instance type's: once
+        // per type, not per host.
+        let type_ok: Vec<bool> = self
+            .types
+            .iter()
+            .map(|t| {
+                let mut labels = claim_labels.clone();
+                labels.extend(t.labels());
+                all_match(&claim.spec.requirements, &labels)
+            })
+            .collect();
+        for i in self.front..self.order.len() {
+            if self.taken[i] {
+                continue;
+            }
+            let (name, ti) = &self.order[i];
+            if skip(name) || !type_ok[*ti] {
+                continue;
+            }
+            let host =
+                current(name).filter(|h| claimable(h) && usable(h) && self.selector.matches(h));
+            let Some(host) = host else {
+                self.taken[i] = true;
+                continue;
+            };
+            if fits(claim, &host, class) {
+                self.advance();
+                return Some(host);
+            }
+        }
+        self.advance();
+        None
+    }
+
+    fn advance(&mut self) {
+        while self.front < self.taken.len() && self.taken[self.front] {
+            self.front += 1;
+        }
+    }
 }
 
 fn is_cold(h: &SSHHost, marker: &str) -> bool {
@@ -79,4 +154,107 @@ pub fn fits(claim: &NodeClaim, host: &SSHHost, class: &SSHNodeClass) -> bool {
             .unwrap_or(0);
         capacity_of(host, k).is_some_and(|have| want <= have - reserved)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::api::{ClaimRef, HostState, SSHHostStatus};
+    use crate::sim::SimHost;
+    use crate::sim::world::{host_object, node_claim, node_class};
+
+    fn available(name: &str, class: &str, cpu: u32, age_s: i64, warm: bool) -> SSHHost {
+        let mut h = host_object(
+            "pool",
+            name,
+            class,
+            &SimHost::new("10.0.0.1", cpu, 8_000_000),
+        );
+        h.metadata.creation_timestamp = Some(Time(
+            jiff::Timestamp::from_second(1_000_000 - age_s).expect("time"),
+        ));
+        h.status = Some(SSHHostStatus {
+            state: HostState::Available,
+            observed_arch: Some("amd64".into()),
+            observed_capacity: Some(BTreeMap::from([
+                ("cpu".into(), Quantity(cpu.to_string())),
+                ("memory".into(), Quantity("8000000Ki".into())),
+            ])),
+            installed_profile: warm.then(|| "p@1".to_string()),
+            ..Default::default()
+        });
+        h
+    }
+
+    fn by_name(hosts: &[SSHHost]) -> BTreeMap<String, SSHHost> {
+        hosts
+            .iter()
+            .map(|h| (h.metadata.name.clone().unwrap_or_default(), h.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn s13_ranking_is_cheapest_then_warm_then_oldest_then_name() {
+        let class = node_class("pool", "p");
+        let hosts = vec![
+            available("big", "big", 8, 500, true),
+            available("cold-old", "small", 2, 400, false),
+            available("warm-new", "small", 2, 10, true),
+            available("warm-old-b", "small", 2, 300, true),
+            available("warm-old-a", "small", 2, 300, true),
+        ];
+        let view = by_name(&hosts);
+        let nc = node_claim("nc", "pool", "1", "1Gi");
+        let mut ranking = Ranking::build(&class, "p@1", &hosts).expect("ranking");
+        let handed = std::cell::RefCell::new(Vec::<String>::new());
+        while let Some(h) = ranking.pick(
+            &nc,
+            &class,
+            |n| view.get(n).cloned(),
+            |n| handed.borrow().iter().any(|x| x == n),
+        ) {
+            handed
+                .borrow_mut()
+                .push(h.metadata.name.unwrap_or_default());
+        }
+        assert_eq!(
+            handed.into_inner(),
+            ["warm-old-a", "warm-old-b", "warm-new", "cold-old", "big"]
+        );
+    }
+
+    #[test]
+    fn s15_pick_skips_reserved_and_taken_hosts_and_checks_the_claims_fit() {
+        let class = node_class("pool", "p");
+        let hosts: Vec<SSHHost> = (0..4)
+            .map(|i| available(&format!("h{i}"), "small", 2, 100 - i, true))
+            .collect();
+        let mut view = by_name(&hosts);
+        let nc = node_claim("nc", "pool", "1", "1Gi");
+        let mut ranking = Ranking::build(&class, "p@1", &hosts).expect("ranking");
+        // h0 was claimed since the ranking was built; h1 is reserved by a claim in flight.
+        if let Some(h0) = view.get_mut("h0") {
+            h0.status.as_mut().expect("status").claim_ref = Some(ClaimRef {
+                name: "other".into(),
+                uid: "u".into(),
+            });
+        }
+        let pick = |r: &mut Ranking, nc: &NodeClaim, view: &BTreeMap<String, SSHHost>| {
+            r.pick(nc, &class, |n| view.get(n).cloned(), |n| n == "h1")
+                .and_then(|h| h.metadata.name)
+        };
+        assert_eq!(pick(&mut ranking, &nc, &view).as_deref(), Some("h2"));
+        // h0 is never looked at again, even if the view goes back.
+        let claimed_h0 = view.remove("h0");
+        assert!(claimed_h0.is_some());
+        view.insert("h0".into(), hosts[0].clone());
+        assert_eq!(pick(&mut ranking, &nc, &view).as_deref(), Some("h2"));
+        let too_big = node_claim("big", "pool", "4", "1Gi");
+        assert_eq!(pick(&mut ranking, &too_big, &view), None, "2 cpu hosts");
+    }
 }

@@ -2,8 +2,14 @@
 //! SSHNodeClass gets a host (compare-and-swap of the claim, then `Launch`); a NodeClaim being
 //! deleted gets `Release` on the host that holds it (fenced by name and UID) once drained, then
 //! its finalizer is removed; the host deletes the Node after leave stopped its kubelet.
+//!
+//! Claims are made by tasks beside the actor, up to `max_concurrent_claims` at once, each on a
+//! host reserved for it ([`burst`]); the actor stays the only owner of its state and applies
+//! what each task reports.
 
+pub mod burst;
 pub mod choose;
+pub mod claim;
 pub mod instance_types;
 pub mod requirements;
 
@@ -16,18 +22,14 @@ use k8s_openapi::api::core::v1::{Node, Secret};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::Context;
-use super::events;
 use super::host::HostMsg;
-use super::host::launch::set_launched;
 use super::host::registration::{TOKEN_NAMESPACE, token_secret_name};
 use super::supervisor::SupervisorMsg;
 use crate::api::karpenter::TERMINATION_FINALIZER;
-use crate::api::{ClaimRef, HostState, NodeClaim, SSHHost, SSHJoinProfile, SSHNodeClass};
-use crate::k8s::{Cluster, ClusterError, EventType, WatchEvent, finalizers};
+use crate::api::{ClaimRef, NodeClaim};
+use crate::k8s::{Cluster, ClusterError, WatchEvent, finalizers};
 use crate::ssh::Transport;
 
-/// How many hosts a claim tries before it gives up for this round (lost CASes are not errors).
-const CLAIM_ATTEMPTS: usize = 8;
 const TICK: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
@@ -35,6 +37,8 @@ pub enum RouterMsg {
     Claim(Box<WatchEvent<NodeClaim>>),
     /// Re-evaluate claims waiting on something (a release, a transient error).
     Tick,
+    /// A claim task finished (see [`claim`]).
+    Claimed(Box<claim::ClaimOutcome>),
 }
 
 pub struct Router<C: Cluster, T: Transport> {
@@ -51,6 +55,7 @@ impl<C: Cluster, T: Transport> Default for Router<C, T> {
 
 pub struct RouterState<C: Cluster, T: Transport> {
     ctx: Context<C, T>,
+    myself: ActorRef<RouterMsg>,
     supervisor: ActorRef<SupervisorMsg>,
     /// Our NodeClaims by name, as last seen.
     claims: BTreeMap<String, NodeClaim>,
@@ -61,6 +66,8 @@ pub struct RouterState<C: Cluster, T: Transport> {
     /// Launches already sent by this router, by NodeClaim UID. After a controller restart the
     /// set is empty, so a claim whose launch was cut short is resumed once (S20).
     launches: BTreeSet<String>,
+    /// Claims queued and in flight, hosts reserved, rankings of the burst in progress.
+    burst: burst::Burst,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Counters for the burst benchmark and metrics.
     pub conflicts: u64,
@@ -104,13 +111,16 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
                 metrics.mailbox_in("router");
             }
         });
+        let burst = burst::Burst::new(ctx.config.max_concurrent_claims);
         Ok(RouterState {
             ctx,
+            myself,
             supervisor,
             claims: BTreeMap::new(),
             waiting: BTreeSet::new(),
             released: BTreeSet::new(),
             launches: BTreeSet::new(),
+            burst,
             tasks: vec![watch, tick],
             conflicts: 0,
             claimed: 0,
@@ -125,6 +135,7 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
         for t in state.tasks.drain(..) {
             t.abort();
         }
+        state.burst.abort();
         Ok(())
     }
 
@@ -135,46 +146,54 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.ctx.metrics.mailbox_out("router");
-        let msg = match msg {
-            RouterMsg::Claim(ev) => Some(*ev),
-            RouterMsg::Tick => None,
-        };
         match msg {
-            Some(WatchEvent::Restarted(all)) => {
-                state.claims = all
-                    .into_iter()
-                    .filter(NodeClaim::is_ours)
-                    .filter_map(|c| c.metadata.name.clone().map(|n| (n, c)))
-                    .collect();
-                let names: Vec<String> = state.claims.keys().cloned().collect();
-                for n in names {
-                    reconcile(state, &n).await;
-                }
-            }
-            Some(WatchEvent::Applied(nc)) if nc.is_ours() => {
-                let name = nc.metadata.name.clone().unwrap_or_default();
-                state.claims.insert(name.clone(), nc);
-                reconcile(state, &name).await;
-            }
-            Some(WatchEvent::Deleted(nc)) if nc.is_ours() => {
-                let name = nc.metadata.name.clone().unwrap_or_default();
-                state.claims.remove(&name);
-                state.waiting.remove(&name);
-                // A force-deleted claim (S26): let the holder notice now rather than next probe.
-                if let Some(h) = holder(&state.ctx, &nc) {
-                    revoke_token(&state.ctx, &h, &name).await;
-                    send(state, &h, HostMsg::Probe);
-                }
-            }
-            Some(_) => {}
-            None => {
+            RouterMsg::Claim(ev) => on_event(state, *ev).await,
+            RouterMsg::Tick => {
                 let names: Vec<String> = std::mem::take(&mut state.waiting).into_iter().collect();
                 for n in names {
                     reconcile(state, &n).await;
                 }
             }
+            RouterMsg::Claimed(outcome) => burst::apply(state, *outcome).await,
         }
+        burst::pump(state).await;
         Ok(())
+    }
+}
+
+async fn on_event<C: Cluster, T: Transport>(
+    state: &mut RouterState<C, T>,
+    ev: WatchEvent<NodeClaim>,
+) {
+    match ev {
+        WatchEvent::Restarted(all) => {
+            state.claims = all
+                .into_iter()
+                .filter(NodeClaim::is_ours)
+                .filter_map(|c| c.metadata.name.clone().map(|n| (n, c)))
+                .collect();
+            let names: Vec<String> = state.claims.keys().cloned().collect();
+            for n in names {
+                reconcile(state, &n).await;
+            }
+        }
+        WatchEvent::Applied(nc) if nc.is_ours() => {
+            let name = nc.metadata.name.clone().unwrap_or_default();
+            state.claims.insert(name.clone(), nc);
+            reconcile(state, &name).await;
+        }
+        WatchEvent::Deleted(nc) if nc.is_ours() => {
+            let name = nc.metadata.name.clone().unwrap_or_default();
+            state.claims.remove(&name);
+            state.waiting.remove(&name);
+            state.burst.forget(&name, nc.metadata.uid.as_deref());
+            // A force-deleted claim (S26): let the holder notice now rather than next probe.
+            if let Some(h) = holder(&state.ctx, &nc) {
+                revoke_token(&state.ctx, &h, &name).await;
+                send(state, &h, HostMsg::Probe);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -239,6 +258,10 @@ fn launched(nc: &NodeClaim) -> bool {
 }
 
 async fn reconcile<C: Cluster, T: Transport>(state: &mut RouterState<C, T>, name: &str) {
+    if state.burst.in_flight(name) {
+        // The task's report looks at the claim again.
+        return;
+    }
     let Some(nc) = state.claims.get(name).cloned() else {
         return;
     };
@@ -255,7 +278,8 @@ async fn reconcile<C: Cluster, T: Transport>(state: &mut RouterState<C, T>, name
         }
         Ok(())
     } else {
-        claim_host(state, &nc).await
+        state.burst.enqueue(name);
+        Ok(())
     };
     if let Err(e) = result {
         tracing::warn!(nodeclaim = %name, error = %e, "will retry");
@@ -315,124 +339,4 @@ fn grace_expired(nc: &NodeClaim, clock: &crate::clock::Clock) -> bool {
         .deletion_timestamp
         .as_ref()
         .is_some_and(|t| clock.since(t.0) >= grace)
-}
-
-/// Choose a host and claim it with a CAS carrying the NodeClaim's name and UID (S13, S15).
-async fn claim_host<C: Cluster, T: Transport>(
-    state: &mut RouterState<C, T>,
-    nc: &NodeClaim,
-) -> Result<(), ClusterError> {
-    let Some(claim) = claim_ref(nc) else {
-        return Ok(());
-    };
-    let cluster = state.ctx.cluster.clone();
-    let class_name = &nc.spec.node_class_ref.name;
-    let Some(class) = cluster.get::<SSHNodeClass>(None, class_name).await? else {
-        return insufficient(state, nc, &format!("SSHNodeClass {class_name} not found")).await;
-    };
-    let profile_name = &class.spec.join_profile_ref.name;
-    let marker = match cluster.get::<SSHJoinProfile>(None, profile_name).await? {
-        Some(p) => p.marker(),
-        None => format!("{profile_name}@?"),
-    };
-    let hosts = state.ctx.hosts.snapshot();
-    let candidates = match choose::candidates(nc, &class, &marker, &hosts) {
-        Ok(c) => c,
-        Err(e) => return insufficient(state, nc, &e.to_string()).await,
-    };
-    if candidates.is_empty() {
-        return insufficient(state, nc, "no Available host of any fitting class").await;
-    }
-    finalizers::set(&cluster, nc, TERMINATION_FINALIZER, true).await?;
-    for name in candidates.iter().take(CLAIM_ATTEMPTS) {
-        let Some(host) = state.ctx.hosts.get(name) else {
-            continue;
-        };
-        match cas_claim(&state.ctx, &host, &claim).await {
-            Ok(updated) => {
-                state.ctx.hosts.upsert(updated);
-                state.claimed += 1;
-                state.ctx.metrics.claims.inc();
-                state.launches.insert(claim.uid.clone());
-                let subject = crate::telemetry::lifecycle::Subject::new(
-                    &format!("{}/{name}", state.ctx.pool_ns()),
-                    host.class(),
-                    &claim,
-                    crate::telemetry::lifecycle::nodepool_of(nc),
-                );
-                state.ctx.lifecycles.begin(&subject);
-                state.ctx.lifecycles.step(&claim.uid, "claim", "success");
-                send(state, name, HostMsg::Launch(claim.clone()));
-                let msg = format!("claimed SSHHost {}/{name}", state.ctx.pool_ns());
-                events::record(&cluster, nc, EventType::Normal, events::CLAIMED, msg).await;
-                return Ok(());
-            }
-            Err(e) if e.is_conflict() => {
-                // S15: someone else got there first; that is not an error. Try the next one.
-                state.conflicts += 1;
-                state.ctx.metrics.claim_conflicts.inc();
-                if let Ok(Some(fresh)) = cluster
-                    .get::<SSHHost>(Some(state.ctx.pool_ns()), name)
-                    .await
-                {
-                    state.ctx.hosts.upsert(fresh);
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    state.waiting.insert(claim.name.clone());
-    Ok(())
-}
-
-async fn cas_claim<C: Cluster, T: Transport>(
-    ctx: &Context<C, T>,
-    host: &SSHHost,
-    claim: &ClaimRef,
-) -> Result<SSHHost, ClusterError> {
-    crate::actors::status::write_status(
-        &ctx.cluster,
-        &ctx.clock,
-        host,
-        crate::actors::status::ProbeStamp::Keep,
-        |s| {
-            s.state = HostState::Claimed;
-            s.claim_ref = Some(claim.clone());
-        },
-    )
-    .await
-}
-
-/// S19: nothing fits. No claim is written; the NodeClaim says why and is deleted so that
-/// provisioning can try again (Karpenter's insufficient-capacity semantics).
-async fn insufficient<C: Cluster, T: Transport>(
-    state: &mut RouterState<C, T>,
-    nc: &NodeClaim,
-    why: &str,
-) -> Result<(), ClusterError> {
-    let cluster = state.ctx.cluster.clone();
-    let msg = format!("insufficient capacity: {why}");
-    events::record(
-        &cluster,
-        nc,
-        EventType::Warning,
-        events::INSUFFICIENT_CAPACITY,
-        msg.clone(),
-    )
-    .await;
-    set_launched(
-        &cluster,
-        nc,
-        false,
-        events::INSUFFICIENT_CAPACITY,
-        &msg,
-        &state.ctx.clock,
-    )
-    .await?;
-    let name = nc.metadata.name.clone().unwrap_or_default();
-    cluster.delete::<NodeClaim>(None, &name, None).await?;
-    if let Some(current) = cluster.get::<NodeClaim>(None, &name).await? {
-        finalizers::set(&cluster, &current, TERMINATION_FINALIZER, false).await?;
-    }
-    Ok(())
 }
