@@ -101,13 +101,13 @@ struct ViewInner {
 }
 
 impl ViewInner {
-    fn insert(&mut self, host: SSHHost) {
+    fn insert(&mut self, host: Arc<SSHHost>) {
         let name = host.metadata.name.clone().unwrap_or_default();
         self.remove(&name);
         if let Some(c) = host.claim() {
             self.by_claim.insert(c.uid.clone(), name.clone());
         }
-        self.hosts.insert(name, Arc::new(host));
+        self.hosts.insert(name, host);
     }
 
     fn remove(&mut self, name: &str) {
@@ -136,9 +136,26 @@ impl HostView {
         // same resourceVersion is the same object: nothing to do.
         let newer = view.hosts.get(&name).is_none_or(|old| rv(old) < rv(&host));
         if newer {
-            view.insert(host);
+            view.insert(Arc::new(host));
             view.version += 1;
         }
+    }
+
+    /// Like [`HostView::upsert`], and returns the copy the view holds for this version so that
+    /// a host's actor keeps the same allocation instead of a second one (~4 KiB per host).
+    /// An object older than the view's is returned as it is, unshared.
+    pub fn share(&self, host: SSHHost) -> Arc<SSHHost> {
+        let name = host.metadata.name.clone().unwrap_or_default();
+        let mut view = self.write();
+        match view.hosts.get(&name) {
+            Some(old) if rv(old) == rv(&host) => return old.clone(),
+            Some(old) if rv(old) > rv(&host) => return Arc::new(host),
+            _ => {}
+        }
+        let shared = Arc::new(host);
+        view.insert(shared.clone());
+        view.version += 1;
+        shared
     }
 
     pub fn remove(&self, name: &str) {
@@ -153,7 +170,7 @@ impl HostView {
         *view = ViewInner::default();
         view.version = version;
         for h in hosts {
-            view.insert(h);
+            view.insert(Arc::new(h));
         }
     }
 

@@ -586,7 +586,7 @@ async fn report_launched<C: Cluster, T: Transport>(
     let msg = format!("{} joined as node {name}", state.key());
     events::record(
         &cluster,
-        &state.host,
+        &*state.host,
         EventType::Normal,
         events::JOINED,
         msg,

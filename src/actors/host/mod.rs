@@ -57,7 +57,7 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     pub ctx: Context<C, T>,
     pub name: String,
     /// Latest version seen (watch or own write); every write is a CAS against it.
-    pub host: SSHHost,
+    pub host: std::sync::Arc<SSHHost>,
     /// A CapacityDrift event was emitted for the current episode.
     pub drift_reported: bool,
     pub probe_timer: Option<JoinHandle<()>>,
@@ -83,8 +83,7 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
     pub fn observe(&mut self, host: SSHHost) {
         use crate::actors::context::rv;
         if rv(&host) >= rv(&self.host) {
-            self.host = host.clone();
-            self.ctx.hosts.upsert(host);
+            self.host = self.ctx.hosts.share(host);
         }
     }
 
@@ -153,6 +152,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         myself.send_message(HostMsg::Probe)?;
         ctx.metrics.mailbox_in("host");
         let myself = myself.clone();
+        let host = ctx.hosts.share(host);
         Ok(HostActorState {
             ctx,
             name,

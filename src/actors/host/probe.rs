@@ -274,7 +274,7 @@ async fn record_failure<C: Cluster, T: Transport>(
     if was != HostState::Unhealthy && state.state() == HostState::Unhealthy {
         events::record(
             &state.ctx.cluster,
-            &state.host,
+            &*state.host,
             EventType::Warning,
             events::PROBE_FAILED,
             message,
@@ -295,7 +295,7 @@ async fn report_capacity_drift<C: Cluster, T: Transport>(state: &mut HostActorSt
         );
         events::record(
             &state.ctx.cluster,
-            &state.host,
+            &*state.host,
             EventType::Warning,
             events::CAPACITY_DRIFT,
             msg,

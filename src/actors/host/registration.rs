@@ -54,7 +54,7 @@ pub async fn release_if_stale<C: Cluster, T: Transport>(
     );
     events::record(
         &state.ctx.cluster,
-        &state.host,
+        &*state.host,
         EventType::Warning,
         events::STALE_CLAIM,
         msg,
@@ -264,7 +264,7 @@ async fn zombie_check_inner<C: Cluster, T: Transport>(
         zombie_action(state, "foreign");
         events::record(
             &state.ctx.cluster,
-            &state.host,
+            &*state.host,
             EventType::Warning,
             events::FOREIGN_KUBELET,
             msg,
@@ -280,7 +280,7 @@ async fn zombie_check_inner<C: Cluster, T: Transport>(
     );
     events::record(
         &state.ctx.cluster,
-        &state.host,
+        &*state.host,
         EventType::Warning,
         events::ZOMBIE_KUBELET,
         msg,
@@ -320,7 +320,7 @@ async fn zombie_leave_inner<C: Cluster, T: Transport>(
             let msg = format!("leave ran on {}; the orphan kubelet is gone", state.key());
             events::record(
                 &state.ctx.cluster,
-                &state.host,
+                &*state.host,
                 EventType::Normal,
                 events::ZOMBIE_LEFT,
                 msg,
@@ -336,7 +336,7 @@ async fn zombie_leave_inner<C: Cluster, T: Transport>(
             .await?;
             events::record(
                 &state.ctx.cluster,
-                &state.host,
+                &*state.host,
                 EventType::Warning,
                 events::ZOMBIE_LEAVE_FAILED,
                 f.message,

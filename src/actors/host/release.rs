@@ -93,6 +93,6 @@ async fn finish<C: Cluster, T: Transport>(
         ),
         Some(m) => (EventType::Warning, events::LEAVE_FAILED, m),
     };
-    events::record(&state.ctx.cluster, &state.host, type_, reason, msg).await;
+    events::record(&state.ctx.cluster, &*state.host, type_, reason, msg).await;
     Ok(())
 }
