@@ -22,6 +22,9 @@ pub struct Config {
     /// NodeClaims the router claims hosts for at once (finalizer, CAS and event in flight); a
     /// burst of claims is spread over this many tasks, each on a host reserved for it.
     pub max_concurrent_claims: usize,
+    /// Offer a node class whose hosts differ in architecture as one instance type per arch
+    /// (`<class>-<arch>`); off, such a class is not offered at all (S29).
+    pub split_mixed_arch: bool,
     pub ssh_dials_per_second: u32,
     /// First retry delay after a failed probe or API write; doubles up to `retry_max`.
     pub retry_base: Duration,
@@ -42,6 +45,7 @@ impl Default for Config {
             max_concurrent_probes: 64,
             max_concurrent_phases: 32,
             max_concurrent_claims: 128,
+            split_mixed_arch: false,
             ssh_dials_per_second: 50,
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),

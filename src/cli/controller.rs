@@ -31,6 +31,14 @@ pub struct ControllerArgs {
     pub max_concurrent_phases: usize,
     #[arg(long, env = "KPSSH_SSH_DIALS_PER_SECOND", default_value_t = 50)]
     pub ssh_dials_per_second: u32,
+    /// NodeClaims the router claims hosts for at once during a burst.
+    #[arg(long, env = "KPSSH_MAX_CONCURRENT_CLAIMS", default_value_t = 128)]
+    pub max_concurrent_claims: usize,
+    /// Offer a node class whose hosts differ in architecture as one instance type per arch
+    /// (`<class>-<arch>`) instead of not offering it.
+    #[arg(long, env = "KPSSH_SPLIT_MIXED_ARCH", default_value_t = false, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub split_mixed_arch: bool,
     /// Cap on pooled SSH connections (least recently used idle ones are closed first).
     #[arg(long, env = "KPSSH_MAX_SSH_CONNECTIONS", default_value_t = 4096)]
     pub max_ssh_connections: usize,
@@ -125,6 +133,8 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
         max_concurrent_probes: args.max_concurrent_probes,
         max_concurrent_phases: args.max_concurrent_phases,
         ssh_dials_per_second: args.ssh_dials_per_second,
+        max_concurrent_claims: args.max_concurrent_claims.max(1),
+        split_mixed_arch: args.split_mixed_arch,
         ..Config::default()
     };
     let transport = RusshTransport::new(TransportConfig {

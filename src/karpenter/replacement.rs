@@ -82,7 +82,7 @@ impl Replacer {
         class: &SSHNodeClass,
     ) -> Option<Replacer> {
         let hosts = ctx.hosts.snapshot();
-        let types = instance_types(class, &hosts, false).ok()?;
+        let types = instance_types(class, &hosts, ctx.config.split_mixed_arch).ok()?;
         let st = state.read();
         let daemonsets: Vec<_> = st.daemonsets.values().cloned().collect();
         let mut reserved: BTreeMap<String, i64> = BTreeMap::new();

@@ -640,3 +640,68 @@ async fn s18_s41_unsigned_verified_profile_is_refused_before_connecting() {
     assert_eq!(tokens(&w).await, 0, "no token minted");
     wait_state(&w, "v", HostState::Available, MINUTE).await;
 }
+
+/// S29 with `--split-mixed-arch`: a class whose hosts are amd64 and arm64 is offered as
+/// `small-amd64` and `small-arm64`; a NodeClaim for the arm64 type lands on the arm64 host and
+/// its Node carries that instance type. Without the flag the same class is not offered at all.
+#[tokio::test(start_paused = true)]
+async fn s29_mixed_arch_class_split_per_arch_when_asked() {
+    use kpssh::api::karpenter::NodeSelectorRequirement;
+    for split in [true, false] {
+        let w = super::world_with(kpssh::actors::Config {
+            split_mixed_arch: split,
+            ..Default::default()
+        })
+        .await;
+        w.add_host("x86", "small", SimHost::new("10.12.0.1", 2, 4_000_000))
+            .await
+            .expect("host");
+        let mut arm = SimHost::new("10.12.0.2", 2, 4_000_000);
+        arm.arch = "arm64".into();
+        w.add_host("arm", "small", arm).await.expect("host");
+        for h in ["x86", "arm"] {
+            wait_state(&w, h, HostState::Available, MINUTE).await;
+        }
+        let mut nc = node_claim("nc-arm", "pool", "1", "1Gi");
+        nc.spec.requirements = vec![NodeSelectorRequirement {
+            key: "node.kubernetes.io/instance-type".into(),
+            operator: "In".into(),
+            values: vec!["small-arm64".into()],
+            min_values: None,
+        }];
+        w.cluster.create(&nc).await.expect("nodeclaim");
+        if !split {
+            let refused = w
+                .until(MINUTE, || async {
+                    reasons(&w).iter().any(|r| r == "InsufficientCapacity")
+                })
+                .await;
+            assert!(
+                refused,
+                "without the flag the mixed class is not offered: {:?}",
+                reasons(&w)
+            );
+            assert_eq!(holder(&w, "nc-arm").await, None);
+            continue;
+        }
+        let h = wait_state(&w, "arm", HostState::InUse, 2 * MINUTE).await;
+        assert_eq!(h.claim().map(|c| c.name.as_str()), Some("nc-arm"));
+        let node = w
+            .cluster
+            .get::<Node>(None, "nc-arm")
+            .await
+            .expect("get")
+            .expect("node registered");
+        let labels = node.metadata.labels.unwrap_or_default();
+        assert_eq!(
+            labels
+                .get("node.kubernetes.io/instance-type")
+                .map(String::as_str),
+            Some("small-arm64")
+        );
+        assert_eq!(
+            labels.get("kubernetes.io/arch").map(String::as_str),
+            Some("arm64")
+        );
+    }
+}

@@ -280,7 +280,15 @@ fn arch<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> String {
 
 fn node_labels(nc: &NodeClaim, class: &str, arch: String) -> BTreeMap<String, String> {
     let mut labels = nc.metadata.labels.clone().unwrap_or_default();
-    labels.insert(INSTANCE_TYPE_LABEL.into(), class.into());
+    // A class split by architecture is offered as `<class>-<arch>`; the claim asked for that.
+    let split = format!("{class}-{arch}");
+    let asked = crate::karpenter::provisioning::claim_type(nc);
+    let ty = if asked.as_deref() == Some(split.as_str()) {
+        split
+    } else {
+        class.to_string()
+    };
+    labels.insert(INSTANCE_TYPE_LABEL.into(), ty);
     labels.insert(ARCH_LABEL.into(), arch);
     labels.insert(OS_LABEL.into(), "linux".into());
     labels.insert(ZONE_LABEL.into(), "pool".into());

@@ -224,7 +224,7 @@ async fn rank<C: Cluster, T: Transport>(
         None => format!("{profile_name}@?"),
     };
     let hosts = state.ctx.hosts.snapshot();
-    let ranking = Ranking::build(&class, &marker, &hosts);
+    let ranking = Ranking::build(&class, &marker, &hosts, state.ctx.config.split_mixed_arch);
     state.burst.rankings.insert(
         class_name.to_string(),
         ClassRanking {

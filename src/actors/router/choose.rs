@@ -9,7 +9,8 @@
 use std::borrow::Borrow;
 
 use super::instance_types::{
-    ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types, usable,
+    ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types,
+    type_of, usable,
 };
 use super::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
@@ -33,8 +34,9 @@ impl Ranking {
         class: &SSHNodeClass,
         profile_marker: &str,
         hosts: &[H],
+        split_mixed_arch: bool,
     ) -> Result<Self, InstanceTypeError> {
-        let types = instance_types(class, hosts, false)?;
+        let types = instance_types(class, hosts, split_mixed_arch)?;
         let selector = ClassSelector::of(class)?;
         // (price, cold, created, name, type): the sort key, computed once per host.
         let mut ranked: Vec<(f64, bool, Option<jiff::Timestamp>, String, usize)> = vec![];
@@ -43,10 +45,7 @@ impl Ranking {
             if !claimable(h) || !selector.matches(h) || !usable(h) {
                 continue;
             }
-            let (Some(ti), Some(name)) = (
-                types.iter().position(|t| t.name == h.class()),
-                h.metadata.name.clone(),
-            ) else {
+            let (Some(ti), Some(name)) = (type_of(&types, h), h.metadata.name.clone()) else {
                 continue;
             };
             ranked.push((
@@ -210,7 +209,7 @@ mod tests {
         ];
         let view = by_name(&hosts);
         let nc = node_claim("nc", "pool", "1", "1Gi");
-        let mut ranking = Ranking::build(&class, "p@1", &hosts).expect("ranking");
+        let mut ranking = Ranking::build(&class, "p@1", &hosts, false).expect("ranking");
         let handed = std::cell::RefCell::new(Vec::<String>::new());
         while let Some(h) = ranking.pick(
             &nc,
@@ -236,7 +235,7 @@ mod tests {
             .collect();
         let mut view = by_name(&hosts);
         let nc = node_claim("nc", "pool", "1", "1Gi");
-        let mut ranking = Ranking::build(&class, "p@1", &hosts).expect("ranking");
+        let mut ranking = Ranking::build(&class, "p@1", &hosts, false).expect("ranking");
         // h0 was claimed since the ranking was built; h1 is reserved by a claim in flight.
         if let Some(h0) = view.get_mut("h0") {
             h0.status.as_mut().expect("status").claim_ref = Some(ClaimRef {

@@ -146,6 +146,22 @@ pub fn claimable(host: &SSHHost) -> bool {
     host.state() == HostState::Available && !host.in_maintenance() && host.claim().is_none()
 }
 
+/// The instance type `host` belongs to: its class, or `<class>-<arch>` when the class was split.
+pub fn type_of(types: &[InstanceType], host: &SSHHost) -> Option<usize> {
+    let arch = host
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_arch.as_deref())
+        .unwrap_or_default();
+    types.iter().position(|t| {
+        t.name == host.class()
+            || (t.arch == arch
+                && t.name.len() == host.class().len() + 1 + arch.len()
+                && t.name.starts_with(host.class())
+                && t.name.ends_with(arch))
+    })
+}
+
 /// Instance types of a node class over `hosts`. Classes with mixed architectures are not
 /// offered unless `split_arch`, in which case each arch becomes `<class>-<arch>`.
 pub fn instance_types<H: Borrow<SSHHost>>(

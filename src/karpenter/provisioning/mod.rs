@@ -213,7 +213,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             let Some(Some(class)) = classes.get(class_name) else {
                 continue;
             };
-            let types = match instance_types(class, &hosts, false) {
+            let types = match instance_types(class, &hosts, self.ctx.config.split_mixed_arch) {
                 Ok(t) => t,
                 Err(e) => {
                     tracing::warn!(nodepool = ?pool.metadata.name, error = %e, "no instance types");
