@@ -488,7 +488,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
             };
             if !fits {
                 if let Some(class) = &class
-                    && replace_cheaper(ctx, state, pool, class, &c, &mut replacer).await?
+                    && replace_first(ctx, state, pool, class, &c, &mut replacer).await?
                 {
                     underutilized_done = true;
                     disrupting += 1;
@@ -496,6 +496,18 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
                 continue;
             }
         }
+        // Drift is graceful as upstream: replacement first. Expiry is forceful (upstream does not
+        // wait for a replacement either).
+        if c.reason == Reason::Drifted
+            && c.pods > 0
+            && let Some(class) = &class
+            && replace_first(ctx, state, pool, class, &c, &mut replacer).await?
+        {
+            disrupting += 1;
+            continue;
+        }
+        // Expired, or no host for a replacement, or nothing to move: disrupt now; the pods go
+        // pending and provisioning finds them room when there is some.
         if !validate(ctx, state, &c).await? {
             continue;
         }
@@ -576,18 +588,14 @@ async fn finish_replacements<C: Cluster, T: Transport>(
         let name = old.metadata.name.clone().unwrap_or_default();
         match (p, node) {
             (replacement::Progress::Ready(by), Some(node)) => {
+                let reason = match replacement::reason(&old) {
+                    Some("Expired") => Reason::Expired,
+                    Some("Drifted") => Reason::Drifted,
+                    _ => Reason::Underutilized,
+                };
                 let detail = format!("replaced by NodeClaim {by}");
-                if mark(
-                    ctx,
-                    state,
-                    &old,
-                    &node,
-                    Reason::Underutilized,
-                    Some(&detail),
-                )
-                .await?
-                {
-                    done.push((name, Reason::Underutilized));
+                if mark(ctx, state, &old, &node, reason, Some(&detail)).await? {
+                    done.push((name, reason));
                 }
             }
             (replacement::Progress::Abandoned, _) => replacement::abandon(ctx, &old).await?,
@@ -597,9 +605,10 @@ async fn finish_replacements<C: Cluster, T: Transport>(
     Ok(done)
 }
 
-/// S38: the candidate's pods all fit on one node of a cheaper instance type: launch it; the
-/// candidate is disrupted once it is Initialized ([`finish_replacements`]).
-async fn replace_cheaper<C: Cluster, T: Transport>(
+/// Launch a replacement for the candidate's pods (S38: on a cheaper instance type; S39: a
+/// drifted node, on any type with a free host); the candidate is disrupted once the
+/// replacement is Initialized ([`finish_replacements`]). False when no host can take them.
+async fn replace_first<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     state: &ClusterState,
     pool: &NodePool,
@@ -607,6 +616,7 @@ async fn replace_cheaper<C: Cluster, T: Transport>(
     c: &Candidate,
     replacer: &mut Option<Option<replacement::Replacer>>,
 ) -> Result<bool, KarpenterError> {
+    let cheaper = c.reason == Reason::Underutilized;
     if replacer.is_none() {
         *replacer = Some(replacement::Replacer::new(ctx, state, pool, class));
     }
@@ -616,7 +626,7 @@ async fn replace_cheaper<C: Cluster, T: Transport>(
     let node_name = c.node.metadata.name.clone().unwrap_or_default();
     let new = {
         let st = state.read();
-        r.cheaper_node(&st, &c.claim, &node_name)
+        r.node_for(&st, &c.claim, &node_name, cheaper)
     };
     let Some(new) = new else {
         return Ok(false);
@@ -624,7 +634,7 @@ async fn replace_cheaper<C: Cluster, T: Transport>(
     if !validate(ctx, state, c).await? {
         return Ok(false);
     }
-    let launched = replacement::launch(ctx, pool, &c.claim, &new).await?;
+    let launched = replacement::launch(ctx, pool, &c.claim, &new, c.reason.as_str()).await?;
     if launched.is_some() {
         r.reserve(&new.instance_type);
     }

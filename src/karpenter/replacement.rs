@@ -1,7 +1,7 @@
-//! Consolidation by replacement (S38): an under-utilised node whose pods do not fit on the other
-//! nodes, but all fit on one node of a cheaper instance type, is replaced. The replacement
-//! NodeClaim is launched first; only once it is Initialized is the old NodeClaim disrupted, so
-//! its pods always have somewhere to go. The two claims point at each other by annotation, so
+//! Replacement before disruption: an under-utilised node whose pods do not fit on the other
+//! nodes, but all fit on one node of a cheaper instance type (S38), and a drifted node with
+//! pods (S39), get a replacement NodeClaim first; only once it is Initialized is the
+//! old NodeClaim disrupted, so its pods always have somewhere to go. The two claims point at each other by annotation, so
 //! the exchange survives a controller restart and is given up when the replacement goes away.
 
 use std::collections::BTreeMap;
@@ -25,6 +25,13 @@ use crate::ssh::Transport;
 pub const REPLACED_BY_ANNOTATION: &str = "karpenter.dklesev.github.io/replaced-by";
 /// On the replacement: the NodeClaim it replaces (it is not itself consolidated meanwhile).
 pub const REPLACEMENT_FOR_ANNOTATION: &str = "karpenter.dklesev.github.io/replacement-for";
+/// On the NodeClaim being replaced: why (`Underutilized`, `Drifted`, `Expired`).
+pub const REPLACEMENT_REASON_ANNOTATION: &str = "karpenter.dklesev.github.io/replacement-reason";
+
+/// Why `old` is being replaced, as recorded when the replacement was launched.
+pub fn reason(old: &NodeClaim) -> Option<&str> {
+    annotation(old, REPLACEMENT_REASON_ANNOTATION)
+}
 
 fn annotation<'a>(nc: &'a NodeClaim, key: &str) -> Option<&'a str> {
     nc.metadata
@@ -111,16 +118,26 @@ impl Replacer {
         *self.reserved.entry(ty.to_string()).or_insert(0) += 1;
     }
 
-    /// One node of a cheaper instance type, with a claimable host, that takes every pod `node`
-    /// would have to give up.
-    pub fn cheaper_node(&self, st: &Inner, claim: &NodeClaim, node: &str) -> Option<NewClaim> {
-        let current = claim_type(claim)?;
-        let price = self.offer.types.iter().find(|t| t.name == current)?.price;
+    /// One node of the cheapest instance type with a claimable host that takes every pod `node`
+    /// would have to give up; `cheaper` asks for a type cheaper than the claim's own.
+    pub fn node_for(
+        &self,
+        st: &Inner,
+        claim: &NodeClaim,
+        node: &str,
+        cheaper: bool,
+    ) -> Option<NewClaim> {
+        let current = claim_type(claim).unwrap_or_default();
+        let price = match self.offer.types.iter().find(|t| t.name == current) {
+            Some(t) => t.price,
+            None if cheaper => return None,
+            None => f64::INFINITY,
+        };
         let mut choices: Vec<_> = self
             .offer
             .choices
             .iter()
-            .filter(|c| c.it.price < price && c.it.name != current)
+            .filter(|c| !cheaper || (c.it.price < price && c.it.name != current))
             .filter(|c| c.it.claimable as i64 > self.reserved.get(&c.it.name).copied().unwrap_or(0))
             .collect();
         if choices.is_empty() {
@@ -174,6 +191,7 @@ pub async fn launch<C: Cluster, T: Transport>(
     pool: &NodePool,
     old: &NodeClaim,
     new: &NewClaim,
+    why: &str,
 ) -> Result<Option<String>, KarpenterError> {
     let old_name = old.metadata.name.clone().unwrap_or_default();
     let pool_name = pool.metadata.name.clone().unwrap_or_default();
@@ -196,7 +214,7 @@ pub async fn launch<C: Cluster, T: Transport>(
     let name = created.metadata.name.clone().unwrap_or_default();
     let patch = json!({"metadata": {
         "resourceVersion": old.metadata.resource_version,
-        "annotations": {REPLACED_BY_ANNOTATION: name},
+        "annotations": {REPLACED_BY_ANNOTATION: name, REPLACEMENT_REASON_ANNOTATION: why},
     }});
     match ctx
         .cluster
@@ -211,9 +229,14 @@ pub async fn launch<C: Cluster, T: Transport>(
         }
         Err(e) => return Err(e.into()),
     }
+    let because = if why == "Underutilized" {
+        "a cheaper instance type takes them all".to_string()
+    } else {
+        format!("it is {}", why.to_lowercase())
+    };
     let msg = format!(
         "launching replacement NodeClaim {name} ({}) for the {} pod(s) of NodeClaim {old_name}: \
-         a cheaper instance type takes them all",
+         {because}",
         new.instance_type,
         new.pods.len()
     );
@@ -234,7 +257,10 @@ pub async fn abandon<C: Cluster, T: Transport>(
     old: &NodeClaim,
 ) -> Result<(), KarpenterError> {
     let name = old.metadata.name.clone().unwrap_or_default();
-    let patch = json!({"metadata": {"annotations": {REPLACED_BY_ANNOTATION: null}}});
+    let patch = json!({"metadata": {"annotations": {
+        REPLACED_BY_ANNOTATION: null,
+        REPLACEMENT_REASON_ANNOTATION: null,
+    }}});
     match ctx.cluster.patch::<NodeClaim>(None, &name, &patch).await {
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),

@@ -431,3 +431,71 @@ async fn s38_underutilized_node_is_replaced_by_a_cheaper_instance_type() {
     );
     assert_eq!(host_states(&e).await.get(&HostState::Available), Some(&1));
 }
+
+/// S39: drift is graceful: with a free host, the replacement NodeClaim is launched from the new
+/// template and Initialized before the drifted one is disrupted, so the pod always has a Ready
+/// node to go to.
+#[tokio::test(start_paused = true)]
+async fn s39_drifted_node_gets_its_replacement_before_it_is_drained() {
+    let e = env().await;
+    hosts(&e, "h", "small", 2, 2, 4, 76).await;
+    e.w.cluster
+        .create(&consolidating("Never"))
+        .await
+        .expect("np");
+    e.w.cluster
+        .create(&replicated("w", "500m"))
+        .await
+        .expect("pod");
+    assert!(
+        e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
+            .await
+    );
+    let first = claims(&e).await[0].metadata.name.clone().expect("name");
+    let mut np: NodePool =
+        e.w.cluster
+            .get(None, "default")
+            .await
+            .expect("get")
+            .expect("np");
+    np.spec
+        .template
+        .metadata
+        .labels
+        .insert("rev".into(), "2".into());
+    e.w.cluster.replace(&np).await.expect("replace");
+    let ok =
+        e.w.until(10 * MINUTE, || async {
+            let cs = claims(&e).await;
+            cs.len() == 1
+                && cs[0].metadata.name.as_deref() != Some(first.as_str())
+                && running(&e).await == 1
+        })
+        .await;
+    assert!(ok, "drifted claim replaced: {:?}", reasons(&e));
+    let events = e.w.cluster.events();
+    let launching: Vec<&str> = events
+        .iter()
+        .filter(|ev| ev.reason == "DisruptionLaunching")
+        .map(|ev| ev.message.as_str())
+        .collect();
+    assert!(
+        launching.len() == 1 && launching[0].contains("drifted"),
+        "{launching:?}"
+    );
+    let order: Vec<&str> = events
+        .iter()
+        .filter(|ev| ev.reason == "DisruptionTerminating" || ev.reason == "Initialized")
+        .map(|ev| ev.reason.as_str())
+        .collect();
+    assert_eq!(
+        order,
+        vec!["Initialized", "Initialized", "DisruptionTerminating"],
+        "the replacement was Initialized before the drifted claim was disrupted"
+    );
+    assert!(
+        events.iter().any(|ev| ev.reason == "DisruptionTerminating"
+            && ev.message.contains("Drifted; replaced by")),
+        "disrupted as Drifted"
+    );
+}
