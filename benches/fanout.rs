@@ -9,6 +9,8 @@
 //! `KPSSH_BENCH_HOSTS` (200), `KPSSH_BENCH_PARALLELISM` (32), `KPSSH_BENCH_SWEEPS` (5, for the
 //! kpssh and pssh rows), `KPSSH_BENCH_SLOW_SWEEPS` (2 warm Ansible sweeps after its first).
 
+#[path = "support/heap.rs"]
+mod heap;
 #[path = "support/report.rs"]
 mod report;
 #[path = "../tests/support/sshd.rs"]
@@ -42,6 +44,9 @@ struct Row {
     what: String,
     sweeps: Vec<Duration>,
 }
+
+#[global_allocator]
+static ALLOC: heap::Counting = heap::Counting;
 
 fn main() {
     let mode = Mode::detect();
@@ -85,10 +90,15 @@ fn main() {
         }));
     }
     // Warm: one transport; the first sweep fills its pool (not counted), the rest reuse it.
+    let mut per_session = 0.0;
     let warm = rt.block_on(async {
         let t = RusshTransport::new(TransportConfig::default());
+        let before = heap::live();
         sweep(&t, &targets, par).await;
         assert_eq!(t.pooled_connections(), n, "one pooled connection per host");
+        // What the open, idle pooled sessions hold once the sweep's own work is freed.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        per_session = (heap::live() - before) as f64 / n as f64;
         let mut v = vec![];
         for _ in 0..sweeps {
             v.push(sweep(&t, &targets, par).await);
@@ -153,6 +163,10 @@ fn main() {
             ]
         })
         .collect();
+    println!(
+        "controller memory per open SSH session (live heap, {n} pooled sessions): {:.1} KiB",
+        per_session / 1024.0
+    );
     report::print_table(
         &format!("fan-out sweep over {n} hosts at parallelism {par} (wall time)"),
         &[
@@ -205,6 +219,7 @@ fn main() {
             "hosts": n,
             "parallelism": par,
             "external_tools_run": external,
+            "memory_per_open_session_bytes": per_session.round(),
             "rows": rows.iter().map(|r| json!({
                 "tool": r.tool,
                 "what": r.what,

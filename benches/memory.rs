@@ -11,11 +11,11 @@
 //!
 //! `cargo bench --bench memory`; `KPSSH_BENCH_HOSTS` (10000) sets N.
 
+#[path = "support/heap.rs"]
+mod heap;
 #[path = "support/report.rs"]
 mod report;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use kpssh::actors::Config;
@@ -26,47 +26,10 @@ use kpssh::sim::world::World;
 use report::{Mode, Target};
 use serde_json::json;
 
-/// The system allocator, counting live bytes.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged; only a counter is kept.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is passed on as it is.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract is passed on as it is.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: the caller's contract is passed on as it is.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
-        }
-        p
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: heap::Counting = heap::Counting;
 
-fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
+use heap::live;
 
 struct Measured {
     hosts: usize,
