@@ -56,6 +56,35 @@ async fn s38_empty_node_goes_back_to_the_warm_pool_after_consolidate_after() {
     );
 }
 
+/// One replicated pod running on one NodeClaim; that claim's name.
+async fn one_running_pod(e: &Env) -> String {
+    e.w.cluster
+        .create(&replicated("w", "500m"))
+        .await
+        .expect("pod");
+    assert!(
+        e.w.until(3 * MINUTE, || async { running(e).await == 1 })
+            .await
+    );
+    claims(e).await[0].metadata.name.clone().expect("name")
+}
+
+/// Drift: the NodePool's template changes (a new label), so its hash does.
+async fn bump_template(e: &Env) {
+    let mut np: NodePool =
+        e.w.cluster
+            .get(None, "default")
+            .await
+            .expect("get")
+            .expect("np");
+    np.spec
+        .template
+        .metadata
+        .labels
+        .insert("rev".into(), "2".into());
+    e.w.cluster.replace(&np).await.expect("replace");
+}
+
 /// A node launched for a pod becomes Ready before kube-scheduler binds the pod. With
 /// `consolidateAfter: 0s` it looks empty for that moment; it must not be handed back (the pod
 /// would pull in another host, and round it goes). Seen on a loaded CI machine in E2/E5/E6.
@@ -244,28 +273,9 @@ async fn s39_drifted_and_expired_claims_are_replaced() {
     let mut np = consolidating("Never");
     np.spec.template.spec.expire_after = Some("30m".into());
     e.w.cluster.create(&np).await.expect("np");
-    e.w.cluster
-        .create(&replicated("w", "500m"))
-        .await
-        .expect("pod");
-    assert!(
-        e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
-            .await
-    );
-    let first = claims(&e).await[0].metadata.name.clone().expect("name");
+    let first = one_running_pod(&e).await;
     // Drift: the template changes.
-    let mut np: NodePool =
-        e.w.cluster
-            .get(None, "default")
-            .await
-            .expect("get")
-            .expect("np");
-    np.spec
-        .template
-        .metadata
-        .labels
-        .insert("rev".into(), "2".into());
-    e.w.cluster.replace(&np).await.expect("replace");
+    bump_template(&e).await;
     let ok =
         e.w.until(5 * MINUTE, || async {
             let cs = claims(&e).await;
@@ -443,27 +453,8 @@ async fn s39_drifted_node_gets_its_replacement_before_it_is_drained() {
         .create(&consolidating("Never"))
         .await
         .expect("np");
-    e.w.cluster
-        .create(&replicated("w", "500m"))
-        .await
-        .expect("pod");
-    assert!(
-        e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
-            .await
-    );
-    let first = claims(&e).await[0].metadata.name.clone().expect("name");
-    let mut np: NodePool =
-        e.w.cluster
-            .get(None, "default")
-            .await
-            .expect("get")
-            .expect("np");
-    np.spec
-        .template
-        .metadata
-        .labels
-        .insert("rev".into(), "2".into());
-    e.w.cluster.replace(&np).await.expect("replace");
+    let first = one_running_pod(&e).await;
+    bump_template(&e).await;
     let ok =
         e.w.until(10 * MINUTE, || async {
             let cs = claims(&e).await;

@@ -26,6 +26,24 @@ async fn holder(w: &World, nc: &str) -> Option<String> {
         .and_then(|h| h.metadata.name)
 }
 
+/// Strip the finalizers and delete: the controller never sees a graceful termination.
+async fn force_delete(w: &World, nc: &NodeClaim) {
+    let name = nc.metadata.name.clone().unwrap_or_default();
+    let _: NodeClaim = w
+        .cluster
+        .patch(None, &name, &json!({"metadata": {"finalizers": null}}))
+        .await
+        .expect("strip");
+    let pre = Precondition {
+        uid: nc.metadata.uid.clone(),
+        resource_version: None,
+    };
+    w.cluster
+        .delete::<NodeClaim>(None, &name, Some(pre))
+        .await
+        .expect("delete");
+}
+
 async fn tokens(w: &World) -> usize {
     super::token_secrets(w).await.len()
 }
@@ -526,19 +544,7 @@ async fn s27_token_of_claim_force_deleted_during_a_hung_join_is_deleted_at_once(
         1,
         "the token stays while the claim exists"
     );
-    let _: NodeClaim = w
-        .cluster
-        .patch(None, "nc", &json!({"metadata": {"finalizers": null}}))
-        .await
-        .expect("strip");
-    let pre = Precondition {
-        uid: nc.metadata.uid.clone(),
-        resource_version: None,
-    };
-    w.cluster
-        .delete::<NodeClaim>(None, "nc", Some(pre))
-        .await
-        .expect("delete");
+    force_delete(&w, &nc).await;
     let gone = w
         .until(Duration::from_secs(10), || async { tokens(&w).await == 0 })
         .await;
@@ -562,19 +568,7 @@ async fn s26_force_deleted_claim_is_released_as_stale_and_zombie_cleaned() {
     let nc = claim(&w, "nc", "1").await;
     wait_state(&w, "h", HostState::InUse, 2 * MINUTE).await;
     // Strip the finalizers and delete: the controller never sees a graceful termination.
-    let _: NodeClaim = w
-        .cluster
-        .patch(None, "nc", &json!({"metadata": {"finalizers": null}}))
-        .await
-        .expect("strip");
-    let pre = Precondition {
-        uid: nc.metadata.uid.clone(),
-        resource_version: None,
-    };
-    w.cluster
-        .delete::<NodeClaim>(None, "nc", Some(pre))
-        .await
-        .expect("delete");
+    force_delete(&w, &nc).await;
     // Stale release → Pending, then the zombie guard runs leave and deletes the orphan Node.
     let ok = w
         .until(5 * MINUTE, || async {

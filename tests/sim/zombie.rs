@@ -6,16 +6,21 @@ use kpssh::sim::{SimHost, SimPhase};
 
 use super::{MINUTE, reasons, wait_state, world};
 
-#[tokio::test(start_paused = true)]
-async fn s9_zombie_kubelet_on_installed_host_is_disconnected() {
-    let w = world().await;
-    w.add_host("z", "small", SimHost::new("10.20.0.1", 2, 4_000_000))
+/// An Available host that kpssh installed (marker `p@1`), kubelet stopped for now.
+async fn installed_host(w: &kpssh::sim::world::World, name: &str, address: &str) {
+    w.add_host(name, "small", SimHost::new(address, 2, 4_000_000))
         .await
         .expect("host");
-    let h = wait_state(&w, "z", HostState::Available, MINUTE).await;
+    let h = wait_state(w, name, HostState::Available, MINUTE).await;
     let mut marked: SSHHost = h.clone();
     marked.status.as_mut().expect("status").installed_profile = Some("p@1".into());
     w.cluster.replace_status(&marked).await.expect("marker");
+}
+
+#[tokio::test(start_paused = true)]
+async fn s9_zombie_kubelet_on_installed_host_is_disconnected() {
+    let w = world().await;
+    installed_host(&w, "z", "10.20.0.1").await;
     // A bad profile only stopped the kubelet; a reboot brought it back.
     w.transport.with("10.20.0.1", |s| {
         s.kubelet_enabled = true;
@@ -60,13 +65,7 @@ async fn s10_foreign_kubelet_is_left_alone() {
 #[tokio::test(start_paused = true)]
 async fn s11_failed_zombie_leave_is_retried_next_probe() {
     let w = world().await;
-    w.add_host("z", "small", SimHost::new("10.20.0.3", 2, 4_000_000))
-        .await
-        .expect("host");
-    let h = wait_state(&w, "z", HostState::Available, MINUTE).await;
-    let mut marked: SSHHost = h.clone();
-    marked.status.as_mut().expect("status").installed_profile = Some("p@1".into());
-    w.cluster.replace_status(&marked).await.expect("marker");
+    installed_host(&w, "z", "10.20.0.3").await;
     w.transport.with("10.20.0.3", |s| {
         s.kubelet_active = true;
         s.fail_next.insert(SimPhase::Leave, 1);
@@ -97,13 +96,7 @@ async fn s12_claim_landing_during_zombie_check_wins() {
     use kpssh::sim::world::node_claim;
 
     let w = world().await;
-    w.add_host("z", "small", SimHost::new("10.20.0.4", 2, 4_000_000))
-        .await
-        .expect("host");
-    let h = wait_state(&w, "z", HostState::Available, MINUTE).await;
-    let mut marked: SSHHost = h.clone();
-    marked.status.as_mut().expect("status").installed_profile = Some("p@1".into());
-    w.cluster.replace_status(&marked).await.expect("marker");
+    installed_host(&w, "z", "10.20.0.4").await;
     // Every state the host passes through, as the API saw it.
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<HostState>::new()));
     let mut stream = w.cluster.watch::<SSHHost>(Some(&w.ns()));
