@@ -6,11 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use rand::Rng;
 use serde_json::json;
 
 use super::lifecycle::condition_true;
-use super::provisioning::{NewClaim, PoolOffer, build_claim, claim_type};
+use super::provisioning::{
+    NewClaim, PoolOffer, build_claim, claim_name, claim_type, unheld_per_type,
+};
 use super::scheduling::{PodInfo, SimNode, sort_pods};
 use super::state::{ClusterState, Inner};
 use super::{KarpenterError, pods};
@@ -92,21 +93,7 @@ impl Replacer {
         let types = instance_types(class, &hosts, ctx.config.split_mixed_arch).ok()?;
         let st = state.read();
         let daemonsets: Vec<_> = st.daemonsets.values().cloned().collect();
-        let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
-        for nc in st.nodeclaims.values() {
-            let holds = nc
-                .metadata
-                .uid
-                .as_deref()
-                .and_then(|u| ctx.hosts.holder(u))
-                .is_some();
-            if nc.metadata.deletion_timestamp.is_none()
-                && !holds
-                && let Some(t) = claim_type(nc)
-            {
-                *reserved.entry(t).or_insert(0) += 1;
-            }
-        }
+        let reserved = unheld_per_type(ctx, &st.nodeclaims);
         Some(Replacer {
             offer: PoolOffer::new(pool, class, types, &daemonsets),
             reserved,
@@ -195,16 +182,7 @@ pub async fn launch<C: Cluster, T: Transport>(
 ) -> Result<Option<String>, KarpenterError> {
     let old_name = old.metadata.name.clone().unwrap_or_default();
     let pool_name = pool.metadata.name.clone().unwrap_or_default();
-    let suffix: String = {
-        let mut rng = ctx.rng();
-        (0..5)
-            .map(|_| {
-                let i = rng.random_range(0..36u8);
-                char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
-            })
-            .collect()
-    };
-    let mut claim = build_claim(pool, &format!("{pool_name}-{suffix}"), new);
+    let mut claim = build_claim(pool, &claim_name(ctx, &pool_name), new);
     claim
         .metadata
         .annotations

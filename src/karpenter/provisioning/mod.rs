@@ -232,30 +232,14 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
         claims: &BTreeMap<String, NodeClaim>,
         types: &BTreeMap<String, InstanceType>,
     ) -> BTreeMap<String, i64> {
-        let mut budgets: BTreeMap<String, i64> = types
+        let unheld = unheld_per_type(&self.ctx, claims);
+        types
             .iter()
-            .map(|(n, t)| (n.clone(), t.claimable as i64))
-            .collect();
-        for nc in claims.values() {
-            if nc.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let holds = nc
-                .metadata
-                .uid
-                .as_deref()
-                .and_then(|u| self.ctx.hosts.holder(u))
-                .is_some();
-            if holds {
-                continue;
-            }
-            if let Some(t) = claim_type(nc)
-                && let Some(b) = budgets.get_mut(&t)
-            {
-                *b -= 1;
-            }
-        }
-        budgets
+            .map(|(n, t)| {
+                let taken = unheld.get(n).copied().unwrap_or(0);
+                (n.clone(), t.claimable as i64 - taken)
+            })
+            .collect()
     }
 
     /// `kpssh_provisioning_latency_seconds{stage="pod_to_nodeclaim"}`: from the oldest pod
@@ -285,16 +269,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
     ) -> Result<String, KarpenterError> {
         let pool_name = pool.metadata.name.clone().unwrap_or_default();
         for _ in 0..5 {
-            let suffix: String = {
-                let mut rng = self.ctx.rng();
-                (0..5)
-                    .map(|_| {
-                        let i = rng.random_range(0..36u8);
-                        char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
-                    })
-                    .collect()
-            };
-            let nc = build_claim(pool, &format!("{pool_name}-{suffix}"), claim);
+            let nc = build_claim(pool, &claim_name(&self.ctx, &pool_name), claim);
             match self.ctx.cluster.create(&nc).await {
                 Ok(created) => {
                     let name = created.metadata.name.clone().unwrap_or_default();
@@ -327,6 +302,41 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
 }
 
 /// The instance type a NodeClaim asks for (a single-value `In` on the instance-type label).
+/// `<pool>-<5 random [0-9a-z]>`, from the seeded random source (as Karpenter names claims).
+pub fn claim_name<C: Cluster, T: Transport>(ctx: &Context<C, T>, pool: &str) -> String {
+    let mut rng = ctx.rng();
+    let suffix: String = (0..5)
+        .map(|_| {
+            let i = rng.random_range(0..36u8);
+            char::from(if i < 10 { b'0' + i } else { b'a' + i - 10 })
+        })
+        .collect();
+    format!("{pool}-{suffix}")
+}
+
+/// NodeClaims of each instance type that do not hold a host yet (they will take one).
+pub fn unheld_per_type<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    claims: &BTreeMap<String, NodeClaim>,
+) -> BTreeMap<String, i64> {
+    let mut unheld: BTreeMap<String, i64> = BTreeMap::new();
+    for nc in claims.values() {
+        if nc.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let holds = nc
+            .metadata
+            .uid
+            .as_deref()
+            .and_then(|u| ctx.hosts.holder(u))
+            .is_some();
+        if !holds && let Some(t) = claim_type(nc) {
+            *unheld.entry(t).or_insert(0) += 1;
+        }
+    }
+    unheld
+}
+
 pub fn claim_type(nc: &NodeClaim) -> Option<String> {
     nc.spec
         .requirements
