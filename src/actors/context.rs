@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::api::SSHHost;
+use crate::api::{ClaimRef, SSHHost};
 use crate::clock::Clock;
 use crate::k8s::Cluster;
 use crate::ssh::Transport;
@@ -94,6 +94,8 @@ struct ViewInner {
     /// Bumped on every change, so that passes over the whole pool can be skipped when nothing
     /// moved.
     version: u64,
+    /// Bumped when a host is added or removed or its labels or usability change.
+    membership: u64,
     /// Shared, immutable copies: a snapshot of ten thousand hosts is ten thousand pointer
     /// copies, not ten thousand deep clones.
     hosts: BTreeMap<String, Arc<SSHHost>>,
@@ -103,6 +105,14 @@ struct ViewInner {
 impl ViewInner {
     fn insert(&mut self, host: Arc<SSHHost>) {
         let name = host.metadata.name.clone().unwrap_or_default();
+        let same_membership = self.hosts.get(&name).is_some_and(|old| {
+            old.metadata.labels == host.metadata.labels
+                && crate::actors::router::instance_types::usable(old)
+                    == crate::actors::router::instance_types::usable(&host)
+        });
+        if !same_membership {
+            self.membership += 1;
+        }
         self.remove(&name);
         if let Some(c) = host.claim() {
             self.by_claim.insert(c.uid.clone(), name.clone());
@@ -162,13 +172,16 @@ impl HostView {
         let mut view = self.write();
         view.remove(name);
         view.version += 1;
+        view.membership += 1;
     }
 
     pub fn replace_all(&self, hosts: Vec<SSHHost>) {
         let mut view = self.write();
         let version = view.version + 1;
+        let membership = view.membership + 1;
         *view = ViewInner::default();
         view.version = version;
+        view.membership = membership;
         for h in hosts {
             view.insert(Arc::new(h));
         }
@@ -186,6 +199,23 @@ impl HostView {
     /// The host whose claim carries this NodeClaim UID.
     pub fn holder(&self, claim_uid: &str) -> Option<String> {
         self.read().by_claim.get(claim_uid).cloned()
+    }
+
+    /// The host holding exactly this claim (UID and name), without copying any host.
+    pub fn holder_of(&self, claim: &ClaimRef) -> Option<String> {
+        let view = self.read();
+        let name = view.by_claim.get(&claim.uid)?;
+        // The index is by UID; the name must match too (a reused name is another claim).
+        view.hosts
+            .get(name)
+            .filter(|h| h.claim() == Some(claim))
+            .map(|_| name.clone())
+    }
+
+    /// Changes that can move a node class's selection: a host added or removed, or its labels
+    /// or usability changed. Status churn (probes, claims, installs) leaves it alone.
+    pub fn membership_version(&self) -> u64 {
+        self.read().membership
     }
 
     /// Every host, in name order.

@@ -19,6 +19,9 @@ use super::Config;
 pub struct Limits {
     probes: Arc<Semaphore>,
     phases: Arc<Semaphore>,
+    /// Leaves have slots of their own: a release or a zombie's leave must not queue behind a
+    /// burst of launches (a zombie must be gone within two probe intervals, S9).
+    leaves: Arc<Semaphore>,
     dials: Arc<DialPacer>,
 }
 
@@ -27,6 +30,7 @@ impl Limits {
         Limits {
             probes: Arc::new(Semaphore::new(config.max_concurrent_probes.max(1))),
             phases: Arc::new(Semaphore::new(config.max_concurrent_phases.max(1))),
+            leaves: Arc::new(Semaphore::new(config.max_concurrent_phases.max(1))),
             dials: Arc::new(DialPacer::new(config.ssh_dials_per_second)),
         }
     }
@@ -40,9 +44,28 @@ impl Limits {
 
     /// Wait for a phase slot and a dial slot.
     pub async fn phase(&self) -> OwnedSemaphorePermit {
-        let permit = acquire(&self.phases).await;
+        let permit = self.phase_slot().await;
         self.dials.wait().await;
         permit
+    }
+
+    /// Wait for a phase slot only. A launch holds one from install through join, so that a
+    /// launch once started finishes before later ones start: with every slot taken, installs
+    /// queued behind each other would otherwise push each join to the back of the queue.
+    pub async fn phase_slot(&self) -> OwnedSemaphorePermit {
+        acquire(&self.phases).await
+    }
+
+    /// Wait for a leave slot and a dial slot.
+    pub async fn leave(&self) -> OwnedSemaphorePermit {
+        let permit = acquire(&self.leaves).await;
+        self.dials.wait().await;
+        permit
+    }
+
+    /// Wait for a dial slot only (a session under a phase slot already held).
+    pub async fn dial(&self) {
+        self.dials.wait().await;
     }
 }
 

@@ -52,6 +52,19 @@ pub struct NodeClassState<C: Cluster, T: Transport> {
     /// Host-view version at the last full pass; `dirty` when a claim changed or a pass failed.
     hosts_seen: Option<u64>,
     dirty: bool,
+    /// The last Ready verdict per class and what it was computed from: counting selected
+    /// hosts is the expensive part of a pass, and claims move far more often than the pool.
+    readiness: BTreeMap<String, (ReadinessInputs, Readiness)>,
+}
+
+type Readiness = (bool, &'static str, String);
+
+/// What a class's Ready verdict depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ReadinessInputs {
+    membership: u64,
+    class_generation: Option<i64>,
+    profile_version: Option<String>,
 }
 
 fn pump<K: Send + 'static>(
@@ -114,6 +127,7 @@ impl<C: Cluster, T: Transport> Actor for NodeClassController<C, T> {
             tasks,
             hosts_seen: None,
             dirty: true,
+            readiness: BTreeMap::new(),
         })
     }
 
@@ -212,10 +226,12 @@ fn apply<K: kube::Resource + Clone>(map: &mut BTreeMap<String, K>, ev: WatchEven
 /// Every class and profile; false when any of them failed.
 async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T>) -> bool {
     let names: Vec<String> = state.classes.keys().cloned().collect();
+    // Read before the snapshot: a change in between makes the next pass count again.
+    let membership = state.ctx.hosts.membership_version();
     let hosts = state.ctx.hosts.snapshot();
     let mut ok = true;
     for name in names {
-        if let Err(e) = reconcile_class(state, &name, &hosts).await {
+        if let Err(e) = reconcile_class(state, &name, &hosts, membership).await {
             tracing::warn!(nodeclass = %name, error = %e, "node class not reconciled");
             ok = false;
         }
@@ -267,6 +283,7 @@ async fn reconcile_class<C: Cluster, T: Transport>(
     state: &mut NodeClassState<C, T>,
     name: &str,
     hosts: &[Arc<crate::api::SSHHost>],
+    membership: u64,
 ) -> Result<(), ClusterError> {
     let Some(class) = state.classes.get(name).cloned() else {
         return Ok(());
@@ -283,7 +300,21 @@ async fn reconcile_class<C: Cluster, T: Transport>(
         return Ok(());
     }
     let profile = state.profiles.get(&class.spec.join_profile_ref.name);
-    let (ok, why, message) = readiness(&class, profile, hosts);
+    let inputs = ReadinessInputs {
+        membership,
+        class_generation: class.metadata.generation,
+        profile_version: profile.and_then(|p| p.metadata.resource_version.clone()),
+    };
+    let (ok, why, message) = match state.readiness.get(name) {
+        Some((seen, verdict)) if *seen == inputs => verdict.clone(),
+        _ => {
+            let verdict = readiness(&class, profile, hosts);
+            state
+                .readiness
+                .insert(name.to_string(), (inputs, verdict.clone()));
+            verdict
+        }
+    };
     let mut updated = class.clone();
     let status = updated.status.get_or_insert_with(Default::default);
     upsert_condition(

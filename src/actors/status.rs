@@ -28,11 +28,26 @@ pub async fn write_status<C: Cluster>(
     stamp: ProbeStamp,
     change: impl FnOnce(&mut SSHHostStatus),
 ) -> Result<SSHHost, ClusterError> {
-    let old = host.status.clone().unwrap_or_default();
+    Ok(write_status_if_changed(cluster, clock, host, stamp, change)
+        .await?
+        .unwrap_or_else(|| host.clone()))
+}
+
+/// [`write_status`], returning `None` when nothing needed writing: the steady probe's path,
+/// where copying the whole host only to hand it back would be most of the work.
+pub async fn write_status_if_changed<C: Cluster>(
+    cluster: &C,
+    clock: &Clock,
+    host: &SSHHost,
+    stamp: ProbeStamp,
+    change: impl FnOnce(&mut SSHHostStatus),
+) -> Result<Option<SSHHost>, ClusterError> {
+    let empty = SSHHostStatus::default();
+    let old = host.status.as_ref().unwrap_or(&empty);
     let mut new = old.clone();
     change(&mut new);
     sync_ready_condition(&mut new, host.metadata.generation, clock);
-    let changed = new != old;
+    let changed = new != *old;
     let stale_stamp = match stamp {
         ProbeStamp::Keep => false,
         ProbeStamp::Probed { refresh } => old
@@ -41,14 +56,18 @@ pub async fn write_status<C: Cluster>(
             .is_none_or(|t| clock.since(t.0) >= refresh),
     };
     if !changed && !stale_stamp {
-        return Ok(host.clone());
+        return Ok(None);
     }
     if matches!(stamp, ProbeStamp::Probed { .. }) {
         new.last_probe_time = Some(Time(clock.now()));
     }
-    let mut updated = host.clone();
-    updated.status = Some(new);
-    cluster.replace_status(&updated).await
+    // Built field by field: cloning the host would copy the old status only to drop it.
+    let updated = SSHHost {
+        metadata: host.metadata.clone(),
+        spec: host.spec.clone(),
+        status: Some(new),
+    };
+    cluster.replace_status(&updated).await.map(Some)
 }
 
 /// Keep the Ready condition equal to what the state implies; its transition time moves only

@@ -27,6 +27,7 @@ pub struct ControllerArgs {
     pub probe_refresh: Duration,
     #[arg(long, env = "KPSSH_MAX_CONCURRENT_PROBES", default_value_t = 64)]
     pub max_concurrent_probes: usize,
+    /// Launches (install through join) running at once; leaves have as many slots again.
     #[arg(long, env = "KPSSH_MAX_CONCURRENT_PHASES", default_value_t = 32)]
     pub max_concurrent_phases: usize,
     #[arg(long, env = "KPSSH_SSH_DIALS_PER_SECOND", default_value_t = 50)]

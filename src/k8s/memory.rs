@@ -67,7 +67,7 @@ struct Key {
 }
 
 enum RawEvent {
-    Restarted(Vec<Value>),
+    Restarted(Vec<Arc<Value>>),
     Applied(Arc<Value>),
     Deleted(Arc<Value>),
 }
@@ -83,7 +83,9 @@ struct Watcher {
 struct State {
     resource_version: u64,
     uid_seq: u64,
-    objects: BTreeMap<Key, Value>,
+    /// Stored objects, shared with the watchers they are sent to: a write stores and sends
+    /// one copy.
+    objects: BTreeMap<Key, Arc<Value>>,
     watchers: Vec<Watcher>,
     events: Vec<EventRecord>,
     stats: WriteStats,
@@ -227,15 +229,24 @@ fn finalizers_empty(v: &Value) -> bool {
 }
 
 /// Everything the API server counts as spec for `generation`: all but metadata and status.
-fn spec_part(v: &Value) -> Value {
-    let mut v = v.clone();
-    if let Some(m) = v.as_object_mut() {
-        m.remove("metadata");
-        m.remove("status");
-        m.remove("apiVersion");
-        m.remove("kind");
-    }
-    v
+/// Top-level fields that are not the object's spec (they never bump `generation`).
+const NOT_SPEC: [&str; 4] = ["metadata", "status", "apiVersion", "kind"];
+
+/// Whether two objects have the same spec part (everything but metadata, status and type),
+/// compared in place: copying both trees was a large share of every simulated write.
+fn same_spec(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let spec = |m: &'_ serde_json::Map<String, Value>| {
+        m.iter()
+            .filter(|(k, _)| !NOT_SPEC.contains(&k.as_str()))
+            .count()
+    };
+    spec(a) == spec(b)
+        && a.iter()
+            .filter(|(k, _)| !NOT_SPEC.contains(&k.as_str()))
+            .all(|(k, v)| b.get(k) == Some(v))
 }
 
 /// RFC 7386 JSON merge patch.
@@ -265,7 +276,7 @@ impl State {
     fn of_kind<'a, K: Object>(
         &'a self,
         ns: Option<&'a str>,
-    ) -> impl Iterator<Item = (&'a Key, &'a Value)> + 'a {
+    ) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> + 'a {
         let start = Key {
             api_version: K::api_version(&()).into_owned(),
             kind: K::kind(&()).into_owned(),
@@ -283,18 +294,13 @@ impl State {
         self.resource_version.to_string()
     }
 
-    fn notify(&mut self, key: &Key, event: impl Fn(Arc<Value>) -> RawEvent, value: &Value) {
+    fn notify(&mut self, key: &Key, event: impl Fn(Arc<Value>) -> RawEvent, value: &Arc<Value>) {
         self.watchers.retain(|w| !w.tx.is_closed());
-        // One copy shared by every watcher of the kind.
-        let mut shared: Option<Arc<Value>> = None;
         for w in &self.watchers {
             let ns_ok = w.namespace.as_deref().is_none_or(|ns| ns == key.namespace);
             if w.api_version == key.api_version && w.kind == key.kind && ns_ok {
                 // A closed receiver is pruned on the next notify.
-                let v = shared
-                    .get_or_insert_with(|| Arc::new(value.clone()))
-                    .clone();
-                let _ = w.tx.send(event(v));
+                let _ = w.tx.send(event(value.clone()));
             }
         }
     }
@@ -325,15 +331,15 @@ impl State {
 
     /// Store a new version of an existing object: bump rv (and generation if the spec changed),
     /// drop it when the last finalizer went away during deletion. A no-op write changes nothing.
-    fn commit_update(&mut self, key: &Key, old: &Value, mut new: Value) -> Value {
+    fn commit_update(&mut self, key: &Key, old: &Value, mut new: Value) -> Arc<Value> {
         if &new == old {
-            return new;
+            return Arc::new(new);
         }
         let generation = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(1);
-        let generation = if spec_part(old) != spec_part(&new) {
+        let generation = if !same_spec(old, &new) {
             generation + 1
         } else {
             generation
@@ -343,6 +349,7 @@ impl State {
         meta.insert("generation".into(), json!(generation));
         meta.insert("resourceVersion".into(), json!(rv));
         let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
+        let new = Arc::new(new);
         if deleting && finalizers_empty(&new) {
             self.objects.remove(key);
             self.notify(key, RawEvent::Deleted, &new);
@@ -354,10 +361,11 @@ impl State {
     }
 
     fn remove(&mut self, key: &Key) {
-        if let Some(mut old) = self.objects.remove(key) {
+        if let Some(old) = self.objects.remove(key) {
+            let mut old = Arc::unwrap_or_clone(old);
             let rv = self.next_rv();
             meta_mut(&mut old).insert("resourceVersion".into(), json!(rv));
-            self.notify(key, RawEvent::Deleted, &old);
+            self.notify(key, RawEvent::Deleted, &Arc::new(old));
         }
     }
 }
@@ -403,7 +411,7 @@ impl Cluster for MemoryCluster {
         let st = self.lock();
         st.objects
             .get(&Self::key::<K>(ns, name))
-            .map(from_value::<K>)
+            .map(|v| from_value::<K>(v))
             .transpose()
     }
 
@@ -458,6 +466,7 @@ impl Cluster for MemoryCluster {
         meta.insert("creationTimestamp".into(), json!(now));
         meta.remove("deletionTimestamp");
         st.stats.creates += 1;
+        let value = Arc::new(value);
         st.objects.insert(key.clone(), value.clone());
         st.notify(&key, RawEvent::Applied, &value);
         from_value(&value)
@@ -513,7 +522,7 @@ impl Cluster for MemoryCluster {
         if !check_rv(&incoming, &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
-        let mut new = stored.clone();
+        let mut new = Value::clone(&stored);
         if let Some(map) = new.as_object_mut() {
             match incoming.get("status") {
                 Some(s) => map.insert("status".into(), s.clone()),
@@ -548,7 +557,7 @@ impl Cluster for MemoryCluster {
         if !check_rv(patch, &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
-        let mut new = stored.clone();
+        let mut new = Value::clone(&stored);
         let mut patch = patch.clone();
         if let Some(p) = patch.as_object_mut() {
             // Status only changes through the status path.
@@ -594,11 +603,12 @@ impl Cluster for MemoryCluster {
             return Ok(DeleteOutcome::Deleted);
         }
         if stored.pointer("/metadata/deletionTimestamp").is_none() {
-            let mut new = stored.clone();
+            let mut new = Value::clone(&stored);
             meta_mut(&mut new).insert("deletionTimestamp".into(), json!(now));
             // Setting deletionTimestamp is not a spec change: keep the generation.
             let rv = st.next_rv();
             meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
+            let new = Arc::new(new);
             st.objects.insert(key.clone(), new.clone());
             st.notify(&key, RawEvent::Applied, &new);
         }
@@ -611,7 +621,7 @@ impl Cluster for MemoryCluster {
             let mut st = self.lock();
             let api_version = K::api_version(&()).into_owned();
             let kind = K::kind(&()).into_owned();
-            let snapshot: Vec<Value> = st.of_kind::<K>(ns).map(|(_, v)| v.clone()).collect();
+            let snapshot: Vec<Arc<Value>> = st.of_kind::<K>(ns).map(|(_, v)| v.clone()).collect();
             // Sent under the lock so no change slips between snapshot and subscription.
             let _ = tx.send(RawEvent::Restarted(snapshot));
             st.watchers.push(Watcher {
@@ -625,7 +635,7 @@ impl Cluster for MemoryCluster {
             .map(|raw| match raw {
                 RawEvent::Restarted(vs) => vs
                     .iter()
-                    .map(from_value::<K>)
+                    .map(|v| from_value::<K>(v))
                     .collect::<Result<Vec<_>, _>>()
                     .map(WatchEvent::Restarted),
                 RawEvent::Applied(v) => from_value::<K>(&v).map(WatchEvent::Applied),
@@ -707,4 +717,24 @@ fn disruptions_allowed(pdb: &PodDisruptionBudget, covered: &[&Pod]) -> i64 {
         return healthy - resolve(min);
     }
     i64::MAX
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_spec_ignores_metadata_status_and_type_only() {
+        let a = json!({"apiVersion": "v1", "kind": "K", "metadata": {"name": "a"},
+                       "spec": {"x": 1}, "status": {"s": 1}});
+        let b = json!({"apiVersion": "v2", "kind": "K", "metadata": {"name": "b"},
+                       "spec": {"x": 1}, "status": {"s": 2}});
+        assert!(same_spec(&a, &b));
+        let c = json!({"metadata": {}, "spec": {"x": 2}});
+        assert!(!same_spec(&a, &c));
+        // A top-level field other than spec (e.g. a Secret's data) counts too.
+        let d = json!({"metadata": {}, "spec": {"x": 1}, "data": {}});
+        assert!(!same_spec(&a, &d));
+        assert!(!same_spec(&d, &a));
+    }
 }

@@ -3,7 +3,7 @@
 //! removed, `karpenter.sh/registered` set); Initialized when that Node is Ready and the startup
 //! taints are gone; a NodeClaim not registered within the registration timeout is deleted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
@@ -29,77 +29,81 @@ pub fn spawn<C: Cluster, T: Transport>(
     cfg: KarpenterConfig,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
-        let mut last_seq = None;
-        let mut last_pass = tokio::time::Instant::now();
+        let mut retry: BTreeSet<String> = BTreeSet::new();
+        let mut sweeps = Sweeps::new(tokio::time::Instant::now());
         loop {
             tokio::time::sleep(cfg.reconcile_interval).await;
-            let now = tokio::time::Instant::now();
-            // Nothing changed and no resync due: not even a pass over the claims.
-            let seq = state.read().claims_seq;
-            if last_seq == Some(seq) && now < last_pass + cfg.idle_resync {
-                continue;
-            }
-            last_seq = Some(seq);
-            last_pass = now;
-            let claims = due(&state, &mut seen, now, cfg.idle_resync);
-            for nc in claims {
+            let mut names = state.take_touched_claims();
+            names.append(&mut retry);
+            let sweep = sweeps.due(tokio::time::Instant::now(), cfg.idle_resync);
+            for nc in due(&state, &names, sweep) {
                 if let Err(e) = reconcile(&ctx, &state, &cfg, &nc).await {
                     tracing::debug!(nodeclaim = ?nc.metadata.name, error = %e, "lifecycle retry");
-                    // Retry on the next tick, not after the idle resync.
-                    if let Some(name) = nc.metadata.name.as_deref() {
-                        seen.remove(name);
+                    // Retry on the next tick, not after the next sweep.
+                    if let Some(name) = nc.metadata.name.clone() {
+                        retry.insert(name);
                     }
-                    last_seq = None;
                 }
             }
         }
     })
 }
 
-/// What a NodeClaim and its Node looked like when last reconciled.
-struct Seen {
-    claim_rv: Option<String>,
-    node_rv: Option<String>,
-    at: tokio::time::Instant,
+/// Which claims a pass takes besides those that moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sweep {
+    /// Only what moved.
+    None,
+    /// Also every claim without a Node: the registration timeout is a rule of time.
+    Unregistered,
+    /// Every claim: a safety net for a missed event, ten times rarer.
+    All,
 }
 
-/// The NodeClaims to reconcile this tick: those whose object or Node changed since the last
-/// pass, plus every claim once per `idle_resync` for the time-based rules (registration
-/// timeout). A fleet of steady claims then costs a comparison per tick, not a deep copy.
-fn due(
-    state: &ClusterState,
-    seen: &mut BTreeMap<String, Seen>,
-    now: tokio::time::Instant,
-    idle_resync: Duration,
-) -> Vec<NodeClaim> {
-    let st = state.read();
-    seen.retain(|name, _| st.nodeclaims.contains_key(name));
-    let mut out = vec![];
-    for (name, nc) in &st.nodeclaims {
-        let claim_rv = nc.metadata.resource_version.as_deref();
-        let node_rv = st
-            .node_of(nc)
-            .and_then(|n| n.metadata.resource_version.as_deref());
-        let unchanged = seen.get(name).is_some_and(|s| {
-            s.claim_rv.as_deref() == claim_rv
-                && s.node_rv.as_deref() == node_rv
-                && now < s.at + idle_resync
-        });
-        if unchanged {
-            continue;
+struct Sweeps {
+    unregistered: tokio::time::Instant,
+    all: tokio::time::Instant,
+}
+
+impl Sweeps {
+    fn new(now: tokio::time::Instant) -> Self {
+        Sweeps {
+            unregistered: now,
+            all: now,
         }
-        seen.insert(
-            name.clone(),
-            Seen {
-                claim_rv: claim_rv.map(str::to_string),
-                node_rv: node_rv.map(str::to_string),
-                at: now,
-            },
-        );
-        out.push(nc.clone());
     }
-    out
+
+    fn due(&mut self, now: tokio::time::Instant, every: Duration) -> Sweep {
+        if now >= self.all + every * 10 {
+            self.all = now;
+            self.unregistered = now;
+            return Sweep::All;
+        }
+        if now >= self.unregistered + every {
+            self.unregistered = now;
+            return Sweep::Unregistered;
+        }
+        Sweep::None
+    }
+}
+
+/// The NodeClaims to reconcile this tick: those that moved (object or Node), plus the sweep.
+/// A fleet of steady claims costs nothing between sweeps, not even a comparison.
+fn due(state: &ClusterState, moved: &BTreeSet<String>, sweep: Sweep) -> Vec<NodeClaim> {
+    let st = state.read();
+    match sweep {
+        Sweep::All => st.nodeclaims.values().cloned().collect(),
+        Sweep::Unregistered => st
+            .nodeclaims
+            .iter()
+            .filter(|(name, nc)| moved.contains(*name) || st.node_of(nc).is_none())
+            .map(|(_, nc)| nc.clone())
+            .collect(),
+        Sweep::None => moved
+            .iter()
+            .filter_map(|name| st.nodeclaims.get(name).cloned())
+            .collect(),
+    }
 }
 
 pub fn condition_true(nc: &NodeClaim, type_: &str) -> bool {

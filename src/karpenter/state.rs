@@ -2,7 +2,7 @@
 //! Node, Pod (all namespaces), DaemonSet and PodDisruptionBudget, kept current by watches.
 //! Every controller of the layer reads from here instead of listing the API.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use futures::StreamExt;
@@ -29,6 +29,9 @@ pub struct Inner {
     pub nodeclaims: BTreeMap<String, NodeClaim>,
     /// Every Node (pods of ours may fit on foreign nodes), by name.
     pub nodes: BTreeMap<String, Node>,
+    /// Node name by `spec.providerID`, so that finding a launched claim's Node before its
+    /// nodeName is recorded is a lookup, not a scan of every Node.
+    nodes_by_provider: BTreeMap<String, String>,
     pub pods: BTreeMap<NsKey, Pod>,
     pub daemonsets: BTreeMap<NsKey, DaemonSet>,
     pub pdbs: BTreeMap<NsKey, PodDisruptionBudget>,
@@ -36,8 +39,11 @@ pub struct Inner {
     pub pod_events: BTreeMap<String, Timestamp>,
     /// Bumped whenever the set of unschedulable pending pods changes (the batcher's signal).
     pub pending_seq: u64,
-    /// Bumped on every NodeClaim or Node change (the lifecycle loop's signal).
-    pub claims_seq: u64,
+    /// Names of NodeClaims that changed, or whose Node did, since the lifecycle loop (their
+    /// only consumer) last took them: it reconciles what moved, not the whole fleet.
+    touched_claims: BTreeSet<String>,
+    /// NodeClaim name by `status.providerID`, to map a Node change to its claim.
+    claims_by_provider: BTreeMap<String, String>,
     /// Kinds whose first list arrived.
     pub synced: u8,
 }
@@ -63,9 +69,9 @@ impl Inner {
             return Some(n);
         }
         let pid = status.provider_id.as_deref().filter(|p| !p.is_empty())?;
-        self.nodes
-            .values()
-            .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
+        self.nodes_by_provider
+            .get(pid)
+            .and_then(|name| self.nodes.get(name))
     }
 
     /// The NodeClaim whose node is `node` (by nodeName or provider ID).
@@ -115,6 +121,11 @@ impl ClusterState {
         self.read().pending_seq
     }
 
+    /// The NodeClaims touched since the last call (see `Inner::touched_claims`).
+    pub fn take_touched_claims(&self) -> BTreeSet<String> {
+        std::mem::take(&mut self.write().touched_claims)
+    }
+
     /// Record a NodeClaim this controller just wrote, before its watch event arrives, so that
     /// the next provisioning round already counts it (never provision a batch twice).
     pub fn observe_claim(&self, nc: NodeClaim) {
@@ -127,7 +138,8 @@ impl ClusterState {
             .get(&name)
             .is_none_or(|old| rv(old) <= rv(&nc));
         if newer {
-            st.claims_seq += 1;
+            index_claim(&mut st, &nc);
+            st.touched_claims.insert(name.clone());
             st.nodeclaims.insert(name, nc);
         }
     }
@@ -248,13 +260,99 @@ fn apply_nodepool(st: &mut Inner, c: Change<NodePool>, _: Timestamp) {
 }
 
 fn apply_nodeclaim(st: &mut Inner, c: Change<NodeClaim>, _: Timestamp) {
-    st.claims_seq += 1;
+    match &c {
+        Change::Reset(all) => {
+            st.claims_by_provider.clear();
+            st.touched_claims.extend(st.nodeclaims.keys().cloned());
+            for nc in all.iter().filter(|nc| nc.is_ours()) {
+                index_claim(st, nc);
+                st.touched_claims.insert(name_of(nc));
+            }
+        }
+        // A stale event (older than what we hold) is dropped by apply_named below.
+        Change::Upsert(nc)
+            if st
+                .nodeclaims
+                .get(&name_of(nc))
+                .is_some_and(|old| rv(old) > rv(nc)) => {}
+        Change::Upsert(nc) | Change::Delete(nc) => {
+            let name = name_of(nc);
+            let old = st.nodeclaims.get(&name).and_then(claim_provider);
+            if let Some(pid) = old.map(str::to_string)
+                && st.claims_by_provider.get(&pid) == Some(&name)
+            {
+                st.claims_by_provider.remove(&pid);
+            }
+            if matches!(c, Change::Upsert(_)) && nc.is_ours() {
+                index_claim(st, nc);
+            }
+            st.touched_claims.insert(name);
+        }
+    }
     apply_named(&mut st.nodeclaims, c, NodeClaim::is_ours);
 }
 
+fn claim_provider(nc: &NodeClaim) -> Option<&str> {
+    nc.status
+        .as_ref()?
+        .provider_id
+        .as_deref()
+        .filter(|p| !p.is_empty())
+}
+
+fn index_claim(st: &mut Inner, nc: &NodeClaim) {
+    if let Some(pid) = claim_provider(nc) {
+        st.claims_by_provider.insert(pid.to_string(), name_of(nc));
+    }
+}
+
 fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
-    st.claims_seq += 1;
+    match &c {
+        Change::Reset(all) => {
+            st.nodes_by_provider = all
+                .iter()
+                .filter_map(|n| Some((provider_of(n)?.to_string(), name_of(n))))
+                .collect();
+            st.touched_claims.extend(st.nodeclaims.keys().cloned());
+        }
+        // A stale event (older than what we hold) is dropped by apply_named below.
+        Change::Upsert(n) if st.nodes.get(&name_of(n)).is_some_and(|old| rv(old) > rv(n)) => {}
+        Change::Upsert(n) | Change::Delete(n) => {
+            let name = name_of(n);
+            let old = st
+                .nodes
+                .get(&name)
+                .and_then(provider_of)
+                .map(str::to_string);
+            if let Some(pid) = &old
+                && st.nodes_by_provider.get(pid) == Some(&name)
+            {
+                st.nodes_by_provider.remove(pid);
+            }
+            if let (Change::Upsert(_), Some(pid)) = (&c, provider_of(n)) {
+                st.nodes_by_provider.insert(pid.to_string(), name.clone());
+            }
+            // The claim of this Node: named alike (Static), or by provider ID (Adopt).
+            let by_pid = [old.as_deref(), provider_of(n)]
+                .into_iter()
+                .flatten()
+                .filter_map(|pid| st.claims_by_provider.get(pid).cloned())
+                .collect::<Vec<_>>();
+            st.touched_claims.extend(by_pid);
+            if st.nodeclaims.contains_key(&name) {
+                st.touched_claims.insert(name);
+            }
+        }
+    }
     apply_named(&mut st.nodes, c, |_| true);
+}
+
+fn provider_of(n: &Node) -> Option<&str> {
+    n.spec
+        .as_ref()?
+        .provider_id
+        .as_deref()
+        .filter(|p| !p.is_empty())
 }
 
 fn apply_daemonset(st: &mut Inner, c: Change<DaemonSet>, _: Timestamp) {
@@ -299,5 +397,98 @@ fn apply_pod(st: &mut Inner, c: Change<Pod>, now: Timestamp) {
     apply_namespaced(&mut st.pods, c);
     if pending_changed {
         st.pending_seq += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::karpenter::NodeClaimStatus;
+    use k8s_openapi::api::core::v1::NodeSpec;
+    use kube::api::ObjectMeta;
+
+    fn meta(name: &str, rv: u64) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            resource_version: Some(rv.to_string()),
+            ..Default::default()
+        }
+    }
+
+    fn claim(name: &str, rv: u64, provider: Option<&str>) -> NodeClaim {
+        let mut nc = NodeClaim::new(name, Default::default());
+        nc.metadata = meta(name, rv);
+        nc.spec.node_class_ref.group = crate::api::GROUP.into();
+        nc.spec.node_class_ref.kind = "SSHNodeClass".into();
+        nc.status = Some(NodeClaimStatus {
+            provider_id: provider.map(str::to_string),
+            ..Default::default()
+        });
+        nc
+    }
+
+    fn node(name: &str, rv: u64, provider: &str) -> Node {
+        Node {
+            metadata: meta(name, rv),
+            spec: Some(NodeSpec {
+                provider_id: Some(provider.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn now() -> Timestamp {
+        Timestamp::UNIX_EPOCH
+    }
+
+    #[test]
+    fn a_node_change_touches_its_claim_by_name_or_provider_id() {
+        let mut st = Inner::default();
+        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, Some("p://a"))), now());
+        apply_nodeclaim(&mut st, Change::Upsert(claim("b", 2, Some("p://b"))), now());
+        assert!(st.nodeclaims.contains_key("a"), "claim of ours kept");
+        st.touched_claims.clear();
+        // Adopt: the Node has its own name; the provider ID leads to claim b.
+        apply_node(&mut st, Change::Upsert(node("worker-7", 3, "p://b")), now());
+        assert_eq!(st.touched_claims, BTreeSet::from(["b".to_string()]));
+        assert_eq!(
+            st.node_of(&st.nodeclaims["b"])
+                .and_then(|n| n.metadata.name.clone()),
+            Some("worker-7".into())
+        );
+        st.touched_claims.clear();
+        // Static: the Node is named after its claim.
+        apply_node(&mut st, Change::Upsert(node("a", 4, "p://x")), now());
+        assert_eq!(st.touched_claims, BTreeSet::from(["a".to_string()]));
+    }
+
+    #[test]
+    fn a_stale_node_event_leaves_the_provider_index_alone() {
+        let mut st = Inner::default();
+        apply_node(&mut st, Change::Upsert(node("n", 5, "p://new")), now());
+        apply_node(&mut st, Change::Upsert(node("n", 4, "p://old")), now());
+        assert_eq!(st.nodes_by_provider.get("p://new"), Some(&"n".to_string()));
+        assert!(!st.nodes_by_provider.contains_key("p://old"));
+        apply_node(&mut st, Change::Delete(node("n", 6, "p://new")), now());
+        assert!(
+            st.nodes_by_provider.is_empty(),
+            "{:?}",
+            st.nodes_by_provider
+        );
+    }
+
+    #[test]
+    fn a_claim_whose_provider_id_changes_is_reindexed() {
+        let mut st = Inner::default();
+        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, Some("p://1"))), now());
+        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 2, Some("p://2"))), now());
+        assert_eq!(
+            st.claims_by_provider,
+            BTreeMap::from([("p://2".to_string(), "a".to_string())])
+        );
+        apply_nodeclaim(&mut st, Change::Delete(claim("a", 3, Some("p://2"))), now());
+        assert!(st.claims_by_provider.is_empty());
+        assert!(st.touched_claims.contains("a"));
     }
 }

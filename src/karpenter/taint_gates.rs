@@ -37,6 +37,8 @@ pub fn spawn<C: Cluster, T: Transport>(
 fn due(s: &Inner) -> Vec<(String, String, Vec<String>)> {
     s.nodeclaims
         .values()
+        // Most claims declare no startup taint: skip them before looking up their Node.
+        .filter(|nc| !nc.spec.startup_taints.is_empty())
         .filter_map(|nc| {
             let node = s.node_of(nc)?;
             let on_node = node_taint_keys(node);

@@ -897,16 +897,24 @@ impl Runner<'_> {
         // or stale claim.
         let tokens: Vec<String> = self.mirror.tokens.keys().cloned().collect();
         let mut owed_now = BTreeSet::new();
+        // Token ID → the host recording it, built once per check (not a scan per token).
+        let recorded: BTreeMap<String, &SSHHost> = if tokens.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.mirror
+                .hosts
+                .values()
+                .filter_map(|h| {
+                    let id = h.status.as_ref()?.bootstrap_token_id.clone()?;
+                    Some((id, h))
+                })
+                .collect()
+        };
         for t in tokens {
             let Some(id) = t.strip_prefix("bootstrap-token-") else {
                 continue;
             };
-            let holder = self.mirror.hosts.values().find(|h| {
-                h.status
-                    .as_ref()
-                    .and_then(|s| s.bootstrap_token_id.as_deref())
-                    == Some(id)
-            });
+            let holder = recorded.get(id).copied();
             let owed = match holder {
                 None => Some("no host records it"),
                 Some(h) => match h.claim() {
@@ -1033,6 +1041,9 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
     let sc = scenario;
     let config = Config {
         probe_interval: sc.probe_interval,
+        max_concurrent_phases: sc.controller.max_concurrent_phases,
+        max_concurrent_probes: sc.controller.max_concurrent_probes,
+        ssh_dials_per_second: sc.controller.ssh_dials_per_second,
         ..Config::default()
     };
     let world = World::start(config, seed)

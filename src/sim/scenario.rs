@@ -24,12 +24,38 @@ pub struct Scenario {
     /// Controller probe interval (the zombie and token bounds derive from it).
     #[serde(default = "default_probe", with = "dur")]
     pub probe_interval: Duration,
+    /// The controller's fleet-wide limits (its flags), defaulting to the controller's.
+    #[serde(default)]
+    pub controller: ControllerLimits,
     pub classes: Vec<HostClass>,
     #[serde(default)]
     pub demand: Vec<Demand>,
     #[serde(default)]
     pub faults: Faults,
 }
+
+/// The controller flags that bound its work: a planner wants to see its own settings at work.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ControllerLimits {
+    pub max_concurrent_phases: usize,
+    pub max_concurrent_probes: usize,
+    pub ssh_dials_per_second: u32,
+}
+
+impl Default for ControllerLimits {
+    fn default() -> Self {
+        let c = crate::actors::Config::default();
+        ControllerLimits {
+            max_concurrent_phases: c.max_concurrent_phases,
+            max_concurrent_probes: c.max_concurrent_probes,
+            ssh_dials_per_second: c.ssh_dials_per_second,
+        }
+    }
+}
+
+/// Share of the SSH dial rate that probes may take; the rest is for phases.
+const PROBE_DIAL_SHARE: f64 = 0.8;
 
 fn default_name() -> String {
     "scenario".into()
@@ -317,6 +343,35 @@ impl Scenario {
         }
         if self.step.is_zero() || self.duration.is_zero() {
             return Err("duration and step must be positive".into());
+        }
+        self.validate_limits()
+    }
+
+    /// Probing every host once per interval must fit in the dial rate, with room left for
+    /// phases; otherwise every probe, and with it every zombie and token check, runs late.
+    fn validate_limits(&self) -> Result<(), String> {
+        let l = &self.controller;
+        if l.max_concurrent_phases == 0
+            || l.max_concurrent_probes == 0
+            || l.ssh_dials_per_second == 0
+        {
+            return Err("controller: maxConcurrentPhases, maxConcurrentProbes and sshDialsPerSecond must be positive".into());
+        }
+        if self.probe_interval.is_zero() {
+            return Err("probeInterval must be positive".into());
+        }
+        let needed = self.hosts() as f64 / self.probe_interval.as_secs_f64();
+        let budget = f64::from(l.ssh_dials_per_second) * PROBE_DIAL_SHARE;
+        if needed > budget {
+            return Err(format!(
+                "probing {} hosts every {:?} needs {needed:.1} SSH dials per second, more than {:.0}% of controller.sshDialsPerSecond ({}); raise sshDialsPerSecond to at least {} or probeInterval to at least {}s",
+                self.hosts(),
+                self.probe_interval,
+                PROBE_DIAL_SHARE * 100.0,
+                l.ssh_dials_per_second,
+                (needed / PROBE_DIAL_SHARE).ceil(),
+                (self.hosts() as f64 / budget).ceil(),
+            ));
         }
         Ok(())
     }

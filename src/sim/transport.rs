@@ -57,6 +57,17 @@ pub struct Journal {
     pub tokens_seen: Vec<String>,
 }
 
+/// What one session sees of a host when it connects.
+struct Link {
+    fingerprint: String,
+    handshake_delay: Duration,
+    /// The probe's output (empty for a phase).
+    stdout: String,
+    behaviour: Option<super::host::Behaviour>,
+    hang: Vec<SimPhase>,
+    phase_latency: Duration,
+}
+
 #[derive(Clone)]
 pub struct SimTransport {
     hosts: Arc<Mutex<BTreeMap<String, SimHost>>>,
@@ -156,7 +167,9 @@ impl SimTransport {
     }
 
     /// Connect: power, reachability and the host-key pin (S3: a mismatch opens no session).
-    fn connect(&self, target: &HostTarget) -> Result<SimHost, TransportError> {
+    /// Returns what the session sees of the host, not a copy of all of it (its command log
+    /// included): a probe is the simulation's hottest path.
+    fn connect(&self, target: &HostTarget, probe: bool) -> Result<Link, TransportError> {
         let mut hosts = self.lock();
         let host = hosts
             .get_mut(&target.address)
@@ -171,23 +184,34 @@ impl SimTransport {
             });
         }
         let expected = match &target.pin {
-            HostKeyPin::Fingerprint(f) => Some(f.clone()),
-            HostKeyPin::KnownHost(k) if k.starts_with("SHA256:") => Some(k.clone()),
+            HostKeyPin::Fingerprint(f) => Some(f.as_str()),
+            HostKeyPin::KnownHost(k) if k.starts_with("SHA256:") => Some(k.as_str()),
             _ => None,
         };
         if let Some(e) = expected.filter(|e| *e != host.fingerprint) {
             return Err(TransportError::HostKeyMismatch {
                 host: target.host.clone(),
-                expected: e,
+                expected: e.to_string(),
                 actual: host.fingerprint.clone(),
             });
         }
         host.sessions += 1;
-        Ok(host.clone())
+        Ok(Link {
+            fingerprint: host.fingerprint.clone(),
+            handshake_delay: host.handshake_delay,
+            stdout: if probe {
+                host.probe_stdout()
+            } else {
+                String::new()
+            },
+            behaviour: host.behaviour,
+            hang: host.hang.clone(),
+            phase_latency: host.phase_latency,
+        })
     }
 
     /// What a run of `phase` does on `host`: (hangs, exit status, latency).
-    fn outcome(&self, host: &SimHost, phase: Option<SimPhase>) -> (bool, Option<u32>, Duration) {
+    fn outcome(&self, host: &Link, phase: Option<SimPhase>) -> (bool, Option<u32>, Duration) {
         let Some(b) = (match phase {
             Some(_) => host.behaviour,
             None => None,
@@ -285,16 +309,15 @@ impl Transport for SimTransport {
         target: &HostTarget,
         _verified_shim: Option<&str>,
     ) -> Result<ProbeReport, TransportError> {
-        let host = self.connect(target)?;
+        let host = self.connect(target, true)?;
         if !host.handshake_delay.is_zero() {
             tokio::time::sleep(host.handshake_delay).await;
         }
-        let facts = parse_probe_output(host.probe_stdout().as_bytes()).map_err(|source| {
-            TransportError::Probe {
+        let facts =
+            parse_probe_output(host.stdout.as_bytes()).map_err(|source| TransportError::Probe {
                 host: target.host.clone(),
                 source,
-            }
-        })?;
+            })?;
         Ok(ProbeReport {
             facts,
             fingerprint: host.fingerprint,
@@ -311,7 +334,7 @@ impl Transport for SimTransport {
         if phase == Some(SimPhase::Leave) {
             self.with(&target.address, |h| h.last_leave_ok = Some(false));
         }
-        let host = self.connect(target)?;
+        let host = self.connect(target, false)?;
         if !host.handshake_delay.is_zero() {
             tokio::time::sleep(host.handshake_delay).await;
         }

@@ -68,8 +68,12 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
         tracing::Span::current().record("nodepool", nodepool);
     }
     let nodeclaim = plan.claim.clone();
-    if let Err(f) = launch(state, &plan).await {
-        return fail(state, claim, Some(&nodeclaim), f).await;
+    match launch(state, &plan).await {
+        Ok(true) => {}
+        // The NodeClaim went away while the launch waited: its release (queued) or the stale
+        // claim check of the next probe frees the host.
+        Ok(false) => return,
+        Err(f) => return fail(state, claim, Some(&nodeclaim), f).await,
     }
     // Joined: the host is attached (and billed) until its claim ends.
     let vcpus = host_capacity(state, &plan)
@@ -95,10 +99,44 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
     }
 }
 
+/// Install and join under one phase slot. False when the NodeClaim is gone or being deleted
+/// by the time its turn came: no host is touched for a claim nobody wants any more.
 async fn launch<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
     plan: &Plan,
-) -> Result<(), PhaseFailure> {
+) -> Result<bool, PhaseFailure> {
+    let waiting = tokio::time::Instant::now();
+    state.launch_slot = Some(state.ctx.limits.phase_slot().await);
+    state.ctx.metrics.limiter_waited("phase", waiting.elapsed());
+    let result = install_and_join(state, plan).await;
+    state.launch_slot = None;
+    result
+}
+
+/// The NodeClaim of the plan still exists with its UID and is not being deleted.
+async fn still_wanted<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    plan: &Plan,
+) -> Result<bool, PhaseFailure> {
+    let name = plan.claim.metadata.name.clone().unwrap_or_default();
+    let current: Option<NodeClaim> = state
+        .ctx
+        .cluster
+        .get(None, &name)
+        .await
+        .map_err(api_failure)?;
+    Ok(current.is_some_and(|nc| {
+        nc.metadata.uid == plan.claim.metadata.uid && nc.metadata.deletion_timestamp.is_none()
+    }))
+}
+
+async fn install_and_join<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    plan: &Plan,
+) -> Result<bool, PhaseFailure> {
+    if !still_wanted(state, plan).await? {
+        return Ok(false);
+    }
     let ns = state.ctx.pool_ns().to_string();
     let target = target::host_target(&state.ctx.cluster, &ns, &state.host)
         .await
@@ -113,11 +151,12 @@ async fn launch<C: Cluster, T: Transport>(
     tracing::Span::current().record("warm", warm);
     if !warm {
         run_phase(state, &target, &plan.profile, Phase::Install, &plan.ctx).await?;
-        write(state, ProbeStamp::Keep, |s| {
-            s.installed_profile = Some(marker.clone())
-        })
-        .await
-        .map_err(api_failure)?;
+        write_held(state, plan, |s| s.installed_profile = Some(marker.clone()))
+            .await
+            .map_err(api_failure)?;
+    }
+    if !warm && !still_wanted(state, plan).await? {
+        return Ok(false);
     }
     let token = token(state).await.map_err(api_failure)?;
     let mut ctx = plan.ctx.clone();
@@ -125,7 +164,7 @@ async fn launch<C: Cluster, T: Transport>(
     run_phase(state, &target, &plan.profile, Phase::Join, &ctx).await?;
     let provider_id = (!ctx.provider_id.is_empty()).then(|| ctx.provider_id.clone());
     let adopt = provider_id.is_none();
-    write(state, ProbeStamp::Keep, |s| s.provider_id = provider_id)
+    write_held(state, plan, |s| s.provider_id = provider_id.clone())
         .await
         .map_err(api_failure)?;
     if adopt {
@@ -143,7 +182,31 @@ async fn launch<C: Cluster, T: Transport>(
             }
         });
     }
-    Ok(())
+    Ok(true)
+}
+
+/// Record a launch step on the host. A conflict (a probe or the router wrote first) is
+/// retried on the fresh object as long as the host still holds this claim: after a join
+/// that succeeded, a lost CAS must not fail the launch.
+async fn write_held<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    plan: &Plan,
+    change: impl Fn(&mut crate::api::SSHHostStatus),
+) -> Result<(), ClusterError> {
+    let claim = plan_claim_ref(plan);
+    let mut attempt = 0;
+    loop {
+        match write(state, ProbeStamp::Keep, &change).await {
+            Err(e) if e.is_conflict() && attempt < 3 => {
+                attempt += 1;
+                state.refresh().await?;
+                if state.host.claim() != claim.as_ref() || state.state() != HostState::Claimed {
+                    return Err(e);
+                }
+            }
+            other => return other,
+        }
+    }
 }
 
 fn plan_claim_ref(plan: &Plan) -> Option<ClaimRef> {

@@ -72,6 +72,8 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     /// The lifecycle trace of the claim this host holds: NodeClaim UID and its root span.
     /// Rebuilt (marked resumed) when the actor restarts mid-lifecycle.
     pub lifecycle: Option<(String, tracing::Span)>,
+    /// The phase slot a launch holds from install through join (see `Limits::phase_slot`).
+    pub launch_slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl<C: Cluster, T: Transport> HostActorState<C, T> {
@@ -164,6 +166,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             target: None,
             orphan_node: None,
             lifecycle: None,
+            launch_slot: None,
         })
     }
 

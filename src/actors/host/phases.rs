@@ -134,7 +134,15 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
     let span = tracing::Span::current();
     let (cmd, redactor) = plan(&state.host, profile, phase, ctx, state.ctx.clock.now())?;
     let waiting = tokio::time::Instant::now();
-    let _permit = state.ctx.limits.phase().await;
+    let limits = &state.ctx.limits;
+    let _permit = match (phase, &state.launch_slot) {
+        (Phase::Leave, _) => Some(limits.leave().await),
+        (_, Some(_)) => {
+            limits.dial().await;
+            None
+        }
+        (_, None) => Some(limits.phase().await),
+    };
     span.record("limiter_wait_ms", millis(waiting));
     state.ctx.metrics.limiter_waited("phase", waiting.elapsed());
     let metrics = &state.ctx.metrics;

@@ -9,7 +9,7 @@ use ractor::ActorRef;
 
 use super::{HostActorState, HostMsg, registration};
 use crate::actors::events;
-use crate::actors::status::{ProbeStamp, write_status};
+use crate::actors::status::{ProbeStamp, write_status_if_changed};
 use crate::api::{ExecMode, HostState, SSHHost, SSHHostStatus};
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::ssh::{ProbeReport, Transport};
@@ -348,7 +348,7 @@ pub async fn write<C: Cluster, T: Transport>(
     stamp: ProbeStamp,
     change: impl FnOnce(&mut SSHHostStatus),
 ) -> Result<(), ClusterError> {
-    let updated = write_status(
+    let updated = write_status_if_changed(
         &state.ctx.cluster,
         &state.ctx.clock,
         &state.host,
@@ -356,6 +356,8 @@ pub async fn write<C: Cluster, T: Transport>(
         change,
     )
     .await?;
-    state.observe(updated);
+    if let Some(updated) = updated {
+        state.observe(updated);
+    }
     Ok(())
 }

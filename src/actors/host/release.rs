@@ -50,8 +50,10 @@ async fn finish<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
     claim: &ClaimRef,
 ) -> Result<(), crate::k8s::ClusterError> {
-    let outcome = leave(state).await;
+    // The token goes first: leave may wait minutes for a phase slot, and the token has no
+    // use once the claim is ending (S27).
     delete_token(state).await?;
+    let outcome = leave(state).await;
     let failure = outcome.as_ref().err().map(|f| f.message.clone());
     if failure.is_some() {
         // The kubelet may still run: the Node stays until a probe shows it stopped.

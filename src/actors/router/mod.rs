@@ -242,13 +242,7 @@ fn claim_ref(nc: &NodeClaim) -> Option<ClaimRef> {
 
 /// The host whose claim is this NodeClaim (name and UID).
 fn holder<C: Cluster, T: Transport>(ctx: &Context<C, T>, nc: &NodeClaim) -> Option<String> {
-    let want = claim_ref(nc)?;
-    let name = ctx.hosts.holder(&want.uid)?;
-    // The index is by UID; the name must match too (a reused name is another claim).
-    ctx.hosts
-        .get(&name)
-        .filter(|h| h.claim() == Some(&want))
-        .map(|_| name)
+    ctx.hosts.holder_of(&claim_ref(nc)?)
 }
 
 fn launched(nc: &NodeClaim) -> bool {
