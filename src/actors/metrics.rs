@@ -150,7 +150,7 @@ impl Metrics {
         );
         registry.register(
             "limiter_wait_seconds",
-            "Time waiting for a fleet-wide limit (probe, phase)",
+            "Time waiting for a fleet-wide limit (probe, phase, leave, dial)",
             limiter_wait.clone(),
         );
         registry.register(

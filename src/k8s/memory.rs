@@ -88,6 +88,8 @@ struct State {
     objects: BTreeMap<Key, Arc<Value>>,
     watchers: Vec<Watcher>,
     events: Vec<EventRecord>,
+    /// Events forgotten from the front (`forget_events_before`): indices stay absolute.
+    events_forgotten: usize,
     stats: WriteStats,
     faults: Option<FaultInjector>,
 }
@@ -104,14 +106,27 @@ impl MemoryCluster {
         &self.clock
     }
 
-    /// Every event recorded so far, oldest first.
+    /// Every event recorded so far and not forgotten, oldest first.
     pub fn events(&self) -> Vec<EventRecord> {
         self.lock().events.clone()
     }
 
     /// The events recorded after the first `seen` ones (for readers that poll as they go).
     pub fn events_since(&self, seen: usize) -> Vec<EventRecord> {
-        self.lock().events.get(seen..).unwrap_or_default().to_vec()
+        let st = self.lock();
+        let from = seen.saturating_sub(st.events_forgotten);
+        st.events.get(from..).unwrap_or_default().to_vec()
+    }
+
+    /// Drop the first `seen` events, as the API server's event TTL would: a reader that has
+    /// taken them keeps a day-long simulation of ten thousand hosts from holding every event.
+    pub fn forget_events_before(&self, seen: usize) {
+        let mut st = self.lock();
+        let drop = seen
+            .saturating_sub(st.events_forgotten)
+            .min(st.events.len());
+        st.events.drain(..drop);
+        st.events_forgotten += drop;
     }
 
     pub fn stats(&self) -> WriteStats {
@@ -722,6 +737,7 @@ fn disruptions_allowed(pdb: &PodDisruptionBudget, covered: &[&Pod]) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::k8s::{EventType, ObjectRef};
 
     #[test]
     fn same_spec_ignores_metadata_status_and_type_only() {
@@ -736,5 +752,39 @@ mod tests {
         let d = json!({"metadata": {}, "spec": {"x": 1}, "data": {}});
         assert!(!same_spec(&a, &d));
         assert!(!same_spec(&d, &a));
+    }
+
+    #[tokio::test]
+    async fn forgotten_events_keep_absolute_indices() {
+        let cluster = MemoryCluster::new(Clock::system());
+        let event = |n: usize| EventRecord {
+            regarding: ObjectRef {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                namespace: None,
+                name: format!("n{n}"),
+                uid: None,
+            },
+            type_: EventType::Normal,
+            reason: "R".into(),
+            message: format!("m{n}"),
+        };
+        for n in 0..5 {
+            cluster.record_event(event(n)).await;
+        }
+        cluster.forget_events_before(3);
+        assert_eq!(cluster.events().len(), 2);
+        let names =
+            |v: Vec<EventRecord>| v.into_iter().map(|e| e.regarding.name).collect::<Vec<_>>();
+        assert_eq!(names(cluster.events_since(3)), ["n3", "n4"]);
+        assert_eq!(names(cluster.events_since(4)), ["n4"]);
+        cluster.record_event(event(5)).await;
+        assert_eq!(names(cluster.events_since(5)), ["n5"]);
+        // Forgetting twice, or past the end, is harmless.
+        cluster.forget_events_before(3);
+        cluster.forget_events_before(99);
+        assert!(cluster.events().is_empty());
+        cluster.record_event(event(6)).await;
+        assert_eq!(names(cluster.events_since(6)), ["n6"]);
     }
 }

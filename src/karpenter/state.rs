@@ -42,6 +42,9 @@ pub struct Inner {
     /// Names of NodeClaims that changed, or whose Node did, since the lifecycle loop (their
     /// only consumer) last took them: it reconciles what moved, not the whole fleet.
     touched_claims: BTreeSet<String>,
+    /// NodeClaims being deleted or marked for disruption and not yet drained: termination's
+    /// work list, kept here so that it does not scan every claim every tick.
+    terminating: BTreeSet<String>,
     /// NodeClaim name by `status.providerID`, to map a Node change to its claim.
     claims_by_provider: BTreeMap<String, String>,
     /// Kinds whose first list arrived.
@@ -121,6 +124,15 @@ impl ClusterState {
         self.read().pending_seq
     }
 
+    /// The NodeClaims termination has work on (see `Inner::terminating`), copied.
+    pub fn terminating_claims(&self) -> Vec<NodeClaim> {
+        let st = self.read();
+        st.terminating
+            .iter()
+            .filter_map(|n| st.nodeclaims.get(n).cloned())
+            .collect()
+    }
+
     /// The NodeClaims touched since the last call (see `Inner::touched_claims`).
     pub fn take_touched_claims(&self) -> BTreeSet<String> {
         std::mem::take(&mut self.write().touched_claims)
@@ -140,7 +152,8 @@ impl ClusterState {
         if newer {
             index_claim(&mut st, &nc);
             st.touched_claims.insert(name.clone());
-            st.nodeclaims.insert(name, nc);
+            st.nodeclaims.insert(name.clone(), nc);
+            track_terminating(&mut st, &name);
         }
     }
 
@@ -289,7 +302,34 @@ fn apply_nodeclaim(st: &mut Inner, c: Change<NodeClaim>, _: Timestamp) {
             st.touched_claims.insert(name);
         }
     }
+    let changed = match &c {
+        Change::Reset(_) => None,
+        Change::Upsert(nc) | Change::Delete(nc) => Some(name_of(nc)),
+    };
     apply_named(&mut st.nodeclaims, c, NodeClaim::is_ours);
+    match changed {
+        Some(name) => track_terminating(st, &name),
+        None => {
+            let all: Vec<String> = st.nodeclaims.keys().cloned().collect();
+            st.terminating.clear();
+            for name in all {
+                track_terminating(st, &name);
+            }
+        }
+    }
+}
+
+/// Keep `name` in the termination work list exactly while it has termination work.
+fn track_terminating(st: &mut Inner, name: &str) {
+    let work = st.nodeclaims.get(name).is_some_and(|nc| {
+        (nc.metadata.deletion_timestamp.is_some() || super::termination::is_marked(nc))
+            && !super::termination::is_drained(nc)
+    });
+    if work {
+        st.terminating.insert(name.to_string());
+    } else {
+        st.terminating.remove(name);
+    }
 }
 
 fn claim_provider(nc: &NodeClaim) -> Option<&str> {
@@ -405,6 +445,7 @@ mod tests {
     use super::*;
     use crate::api::karpenter::NodeClaimStatus;
     use k8s_openapi::api::core::v1::NodeSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
 
     fn meta(name: &str, rv: u64) -> ObjectMeta {
@@ -490,5 +531,30 @@ mod tests {
         apply_nodeclaim(&mut st, Change::Delete(claim("a", 3, Some("p://2"))), now());
         assert!(st.claims_by_provider.is_empty());
         assert!(st.touched_claims.contains("a"));
+    }
+
+    #[test]
+    fn termination_work_list_follows_deletion_and_drain() {
+        let mut st = Inner::default();
+        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, None)), now());
+        assert!(st.terminating.is_empty());
+        let mut deleting = claim("a", 2, None);
+        deleting.metadata.deletion_timestamp = Some(Time(now()));
+        apply_nodeclaim(&mut st, Change::Upsert(deleting.clone()), now());
+        assert_eq!(st.terminating, BTreeSet::from(["a".to_string()]));
+        let mut drained = deleting;
+        drained.metadata.resource_version = Some("3".into());
+        drained.metadata.annotations = Some(BTreeMap::from([(
+            crate::karpenter::DRAINED_ANNOTATION.to_string(),
+            "true".to_string(),
+        )]));
+        apply_nodeclaim(&mut st, Change::Upsert(drained), now());
+        assert!(st.terminating.is_empty(), "drained: no work left");
+        apply_nodeclaim(&mut st, Change::Upsert(claim("b", 4, None)), now());
+        let mut gone = claim("b", 5, None);
+        gone.metadata.deletion_timestamp = Some(Time(now()));
+        apply_nodeclaim(&mut st, Change::Upsert(gone.clone()), now());
+        apply_nodeclaim(&mut st, Change::Delete(gone), now());
+        assert!(st.terminating.is_empty(), "deleted: no work left");
     }
 }

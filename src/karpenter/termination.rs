@@ -38,16 +38,7 @@ pub fn spawn<C: Cluster, T: Transport>(
         loop {
             tokio::time::sleep(t.cfg.reconcile_interval).await;
             // Only claims being terminated have work here; copy just those.
-            let claims: Vec<NodeClaim> = t
-                .state
-                .read()
-                .nodeclaims
-                .values()
-                .filter(|nc| {
-                    (nc.metadata.deletion_timestamp.is_some() || is_marked(nc)) && !is_drained(nc)
-                })
-                .cloned()
-                .collect();
+            let claims = t.state.terminating_claims();
             for nc in claims {
                 if let Err(e) = t.reconcile(&nc).await {
                     tracing::debug!(nodeclaim = ?nc.metadata.name, error = %e, "termination retry");

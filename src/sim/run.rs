@@ -24,7 +24,7 @@ use super::host::SimHost;
 use super::scenario::{Demand, Scenario};
 use super::world::{World, node_claim, node_class, sim_profile};
 use crate::actors::Config;
-use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, SSHHost, SSHJoinProfile};
+use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, SSHHost, SSHHostStatus, SSHJoinProfile};
 use crate::k8s::memory::WriteKind;
 use crate::k8s::{Cluster, ClusterError, MemoryCluster, WatchEvent, WatchStream};
 
@@ -351,7 +351,8 @@ fn launched(nc: &NodeClaim) -> Option<&str> {
 }
 
 fn host_line(h: &SSHHost) -> String {
-    let s = h.status.clone().unwrap_or_default();
+    let empty = SSHHostStatus::default();
+    let s = h.status.as_ref().unwrap_or(&empty);
     format!(
         "{} claim={} marker={} token={}",
         s.state,
@@ -622,6 +623,7 @@ impl Runner<'_> {
             self.line(now, line);
         }
         self.events_seen += events.len();
+        self.world.cluster.forget_events_before(self.events_seen);
         for (what, text) in texts {
             self.checks.scan(now, &what, &text);
         }

@@ -36,7 +36,7 @@ pub struct Scenario {
 
 /// The controller flags that bound its work: a planner wants to see its own settings at work.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
 pub struct ControllerLimits {
     pub max_concurrent_phases: usize,
     pub max_concurrent_probes: usize,
@@ -479,6 +479,48 @@ mod dur {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_example_scenario_is_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sim");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("examples/sim") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let text = std::fs::read_to_string(&path).expect("read");
+                if let Err(e) = Scenario::from_yaml(&text) {
+                    panic!("{}: {e}", path.display());
+                }
+                seen += 1;
+            }
+        }
+        assert!(seen >= 4, "only {seen} scenarios under {}", dir.display());
+    }
+
+    #[test]
+    fn a_probe_interval_the_dial_rate_cannot_keep_is_rejected_with_the_fix() {
+        let mut s = Scenario::builtin();
+        s.classes[0].count = 9_900; // 10,000 hosts with the other classes
+        s.probe_interval = Duration::from_secs(120);
+        let err = s
+            .validate()
+            .expect_err("10,000 hosts every 2m at 50 dials/s");
+        assert!(err.contains("sshDialsPerSecond"), "{err}");
+        assert!(
+            err.contains("raise sshDialsPerSecond to at least 105"),
+            "{err}"
+        );
+        s.controller.ssh_dials_per_second = 105;
+        s.validate().expect("enough dials");
+        s.controller.ssh_dials_per_second = 50;
+        s.probe_interval = Duration::from_secs(300);
+        s.validate().expect("5m fits 50 dials/s");
+        // Fields left out keep the controller's defaults.
+        let yaml = "duration: 1h\ncontroller: {maxConcurrentPhases: 256}\nclasses: [{name: a, count: 1, cpu: 1}]";
+        let parsed = Scenario::from_yaml(yaml).expect("partial controller section");
+        assert_eq!(parsed.controller.max_concurrent_phases, 256);
+        assert_eq!(parsed.controller.ssh_dials_per_second, 50);
+    }
 
     #[test]
     fn durations_parse_and_format() {

@@ -86,8 +86,13 @@ async fn s38_metrics_follow_provisioning_billing_and_consolidation() {
     assert!(total > 0.0 && total >= to_claim, "{text}");
     assert_eq!(
         sample(&text, r#"kpssh_limiter_wait_seconds_count{limit="phase"}"#),
+        Some(1.0),
+        "install and join share one phase slot: {text}"
+    );
+    assert_eq!(
+        sample(&text, r#"kpssh_limiter_wait_seconds_count{limit="dial"}"#),
         Some(2.0),
-        "install and join waited for the phase limit: {text}"
+        "install and join each waited for the dial rate: {text}"
     );
     // The billing view: one 2-vCPU host at the default 0.02 per vCPU-hour.
     assert_eq!(

@@ -135,16 +135,18 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
     let (cmd, redactor) = plan(&state.host, profile, phase, ctx, state.ctx.clock.now())?;
     let waiting = tokio::time::Instant::now();
     let limits = &state.ctx.limits;
-    let _permit = match (phase, &state.launch_slot) {
-        (Phase::Leave, _) => Some(limits.leave().await),
+    // Under a launch's slot only the dial rate is waited for; counting that as a phase wait
+    // would report one launch as several waits for the phase limit.
+    let (_permit, limit) = match (phase, &state.launch_slot) {
+        (Phase::Leave, _) => (Some(limits.leave().await), "leave"),
         (_, Some(_)) => {
             limits.dial().await;
-            None
+            (None, "dial")
         }
-        (_, None) => Some(limits.phase().await),
+        (_, None) => (Some(limits.phase().await), "phase"),
     };
     span.record("limiter_wait_ms", millis(waiting));
-    state.ctx.metrics.limiter_waited("phase", waiting.elapsed());
+    state.ctx.metrics.limiter_waited(limit, waiting.elapsed());
     let metrics = &state.ctx.metrics;
     let _in_flight = InFlight::new(&metrics.phases_in_flight);
     let started = tokio::time::Instant::now();
