@@ -142,6 +142,49 @@ async fn unchanged_write_is_a_no_op() {
 }
 
 #[tokio::test]
+async fn status_write_moves_the_version_only_when_the_status_changes() {
+    use futures::FutureExt;
+    let c = cluster();
+    let v1 = c.create(&host("a", "small")).await.expect("create");
+    let mut watch = c.watch::<SSHHost>(Some(NS));
+    assert!(matches!(
+        watch.next().await,
+        Some(Ok(WatchEvent::Restarted(_)))
+    ));
+    let mut probed = v1.clone();
+    probed.status = Some(SSHHostStatus {
+        state: HostState::Available,
+        ..Default::default()
+    });
+    let v2 = c.replace_status(&probed).await.expect("status");
+    assert_ne!(v1.metadata.resource_version, v2.metadata.resource_version);
+    assert_eq!(v2.metadata.generation, v1.metadata.generation);
+    assert_eq!(v2.spec, v1.spec);
+    assert!(matches!(
+        watch.next().await,
+        Some(Ok(WatchEvent::Applied(h))) if h.state() == HostState::Available
+    ));
+    // The same status again: nothing stored, nothing sent, the version stays.
+    let v3 = c.replace_status(&v2).await.expect("same status");
+    assert_eq!(v3.metadata.resource_version, v2.metadata.resource_version);
+    assert_eq!(v3.status, v2.status);
+    assert!(
+        watch.next().now_or_never().is_none(),
+        "a no-op write sent an event"
+    );
+    // And a stale version is still refused, changed status or not.
+    let mut stale = v1.clone();
+    stale.status = Some(SSHHostStatus {
+        state: HostState::Unhealthy,
+        ..Default::default()
+    });
+    assert!(matches!(
+        c.replace_status(&stale).await,
+        Err(ClusterError::Conflict { .. })
+    ));
+}
+
+#[tokio::test]
 async fn finalizers_hold_deletion_until_removed() {
     let c = cluster();
     let mut h = host("a", "small");

@@ -1,6 +1,6 @@
 //! What every actor is handed: the ports, the clock, the settings and the shared limits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rand::SeedableRng;
@@ -23,6 +23,8 @@ pub struct Context<C: Cluster, T: Transport> {
     /// Latest SSHHost objects as the supervisor's watch delivered them, by name. Read by the
     /// router to choose hosts; written only by the supervisor. Ordered for determinism.
     pub hosts: HostView,
+    /// UIDs of the NodeClaims that exist, as the router's watch delivered them.
+    pub claims: ClaimView,
     pub metrics: super::metrics::SharedMetrics,
     /// Open NodeClaim lifecycle traces, shared by router, host actors and karpenter layer.
     pub lifecycles: crate::telemetry::Lifecycles,
@@ -39,6 +41,7 @@ impl<C: Cluster, T: Transport> Clone for Context<C, T> {
             config: self.config.clone(),
             limits: self.limits.clone(),
             hosts: self.hosts.clone(),
+            claims: self.claims.clone(),
             metrics: self.metrics.clone(),
             lifecycles: self.lifecycles.clone(),
             rng: self.rng.clone(),
@@ -67,6 +70,7 @@ impl<C: Cluster, T: Transport> Context<C, T> {
             config: Arc::new(config),
             limits,
             hosts: HostView::default(),
+            claims: ClaimView::default(),
             metrics: Arc::new(super::metrics::Metrics::new()),
             lifecycles: Default::default(),
             rng: Arc::new(Mutex::new(rng)),
@@ -79,6 +83,44 @@ impl<C: Cluster, T: Transport> Context<C, T> {
 
     pub fn pool_ns(&self) -> &str {
         &self.config.pool_namespace
+    }
+}
+
+/// The NodeClaim UIDs the router's watch has seen and not yet seen deleted. It lets the
+/// probe of a busy host skip the API read that confirms its claim still exists (S26): a UID
+/// present here is taken as live; an absent one is confirmed against the API. A view that
+/// lags behind a deletion costs one probe interval at most, and not even that, as the
+/// router's handling of the deletion sends the holder a probe right after updating it.
+#[derive(Clone, Default)]
+pub struct ClaimView {
+    uids: Arc<RwLock<HashSet<String>>>,
+}
+
+impl ClaimView {
+    pub fn insert(&self, uid: &str) {
+        let mut uids = self.uids.write().unwrap_or_else(|p| p.into_inner());
+        if !uids.contains(uid) {
+            uids.insert(uid.to_string());
+        }
+    }
+
+    pub fn remove(&self, uid: &str) {
+        self.uids
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uid);
+    }
+
+    pub fn replace_all<'a>(&self, uids: impl IntoIterator<Item = &'a str>) {
+        *self.uids.write().unwrap_or_else(|p| p.into_inner()) =
+            uids.into_iter().map(str::to_string).collect();
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.uids
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(uid)
     }
 }
 
@@ -240,4 +282,29 @@ pub(crate) fn rv(h: &SSHHost) -> u64 {
         .as_deref()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClaimView;
+
+    #[test]
+    fn claim_view_follows_inserts_removals_and_restarts() {
+        let view = ClaimView::default();
+        assert!(!view.contains("u1"));
+        view.insert("u1");
+        view.insert("u1");
+        view.insert("u2");
+        assert!(view.contains("u1") && view.contains("u2"));
+        view.remove("u1");
+        assert!(!view.contains("u1"));
+        // A watch restart replaces the view: a UID deleted while the watch was down is gone.
+        view.replace_all(["u3"]);
+        assert!(!view.contains("u2"));
+        assert!(view.contains("u3"));
+        // Clones share one view (router writes, host actors read).
+        let reader = view.clone();
+        view.insert("u4");
+        assert!(reader.contains("u4"));
+    }
 }

@@ -537,19 +537,35 @@ impl Cluster for MemoryCluster {
         if !check_rv(&incoming, &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
-        let mut new = Value::clone(&stored);
-        if let Some(map) = new.as_object_mut() {
-            match incoming.get("status") {
-                Some(s) => map.insert("status".into(), s.clone()),
-                None => map.remove("status"),
-            };
-        }
         st.stats.status_writes += 1;
         *st.stats
             .status_writes_by_kind
             .entry(key.kind.clone())
             .or_default() += 1;
-        let new = st.commit_update(&key, &stored, new);
+        let mut incoming = incoming;
+        let status = incoming.as_object_mut().and_then(|m| m.remove("status"));
+        if stored.get("status") == status.as_ref() {
+            // A write that changes nothing keeps its resourceVersion, as on a real API server.
+            return from_value(&stored);
+        }
+        // Spec and metadata stay the stored ones (the status subresource ignores them), so
+        // the generation stays and only the resourceVersion moves; the old status is not
+        // copied only to be replaced.
+        let mut new = Map::new();
+        if let Some(map) = stored.as_object() {
+            for (k, v) in map.iter().filter(|(k, _)| k.as_str() != "status") {
+                new.insert(k.clone(), v.clone());
+            }
+        }
+        if let Some(status) = status {
+            new.insert("status".into(), status);
+        }
+        let mut new = Value::Object(new);
+        let rv = st.next_rv();
+        meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
+        let new = Arc::new(new);
+        st.objects.insert(key.clone(), new.clone());
+        st.notify(&key, RawEvent::Applied, &new);
         from_value(&new)
     }
 

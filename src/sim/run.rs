@@ -6,7 +6,7 @@
 //! Call [`run`] on a paused, current-thread tokio runtime, or [`run_blocking`], which builds
 //! one.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -375,6 +375,14 @@ fn claim_line(nc: &NodeClaim) -> String {
     )
 }
 
+/// What `drive_demand` needs to know of one class.
+#[derive(Debug, Clone, Copy, Default)]
+struct ClassCensus {
+    live: u32,
+    unbound: u32,
+    free: u32,
+}
+
 /// Everything the invariants need between steps.
 #[derive(Default)]
 struct Checks {
@@ -653,15 +661,24 @@ impl Runner<'_> {
         }
     }
 
-    /// The host holding each NodeClaim UID.
-    fn holders(&self) -> BTreeMap<String, Vec<String>> {
-        let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    /// NodeClaim UIDs held by more than one host, with the hosts.
+    fn shared_claims(&self) -> Vec<(String, Vec<String>)> {
+        let mut first: HashMap<&str, &str> = HashMap::with_capacity(self.mirror.hosts.len());
+        let mut shared: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for (name, h) in &self.mirror.hosts {
-            if let Some(c) = h.claim() {
-                m.entry(c.uid.clone()).or_default().push(name.clone());
+            let Some(c) = h.claim() else { continue };
+            if let Some(other) = first.insert(c.uid.as_str(), name.as_str()) {
+                let hosts = shared.entry(c.uid.as_str()).or_default();
+                if hosts.is_empty() {
+                    hosts.push(other.to_string());
+                }
+                hosts.push(name.clone());
             }
         }
-        m
+        shared
+            .into_iter()
+            .map(|(u, h)| (u.to_string(), h))
+            .collect()
     }
 
     /// Create and delete NodeClaims so that each class has its desired count.
@@ -671,36 +688,14 @@ impl Runner<'_> {
             let e = desired.entry(c.class.as_str()).or_insert((0, c));
             e.0 += c.at(now);
         }
-        let holders = self.holders();
+        let census = self.demand_census();
         let cluster = self.cluster();
         self.suspend(true);
         for (class, (want, curve)) in desired {
-            let live: Vec<&NodeClaim> = self
-                .mirror
-                .claims
-                .values()
-                .filter(|c| c.spec.node_class_ref.name == class)
-                .filter(|c| c.metadata.deletion_timestamp.is_none())
-                .collect();
-            let unbound = live
-                .iter()
-                .filter(|c| {
-                    c.metadata
-                        .uid
-                        .as_ref()
-                        .is_none_or(|u| !holders.contains_key(u))
-                })
-                .count();
-            let free = self
-                .mirror
-                .hosts
-                .values()
-                .filter(|h| h.class() == class && h.state() == HostState::Available)
-                .filter(|h| h.claim().is_none() && !h.in_maintenance())
-                .count();
-            let have = live.len() as u32;
+            let counts = census.get(class).copied().unwrap_or_default();
+            let have = counts.live;
             if want > have {
-                let room = free.saturating_sub(unbound) as u32;
+                let room = counts.free.saturating_sub(counts.unbound);
                 for _ in 0..(want - have).min(room) {
                     self.nc_seq += 1;
                     let name = format!("nc-{:06}", self.nc_seq);
@@ -712,7 +707,15 @@ impl Runner<'_> {
                     }
                 }
             } else if want < have {
-                let mut names: Vec<String> = live.iter().map(|c| name_of(&c.metadata)).collect();
+                // In the mirror's (name) order, as the random picks below index into it.
+                let mut names: Vec<String> = self
+                    .mirror
+                    .claims
+                    .values()
+                    .filter(|c| c.spec.node_class_ref.name == class)
+                    .filter(|c| c.metadata.deletion_timestamp.is_none())
+                    .map(|c| name_of(&c.metadata))
+                    .collect();
                 for _ in 0..(have - want) {
                     if names.is_empty() {
                         break;
@@ -726,6 +729,39 @@ impl Runner<'_> {
             }
         }
         self.suspend(false);
+    }
+
+    /// Per class: live NodeClaims, those of them no host holds yet, and free hosts. One pass
+    /// over claims and hosts for all classes (this runs every step of a 10,000-host day).
+    fn demand_census(&self) -> HashMap<String, ClassCensus> {
+        let held: HashSet<&str> = self
+            .mirror
+            .hosts
+            .values()
+            .filter_map(|h| h.claim().map(|c| c.uid.as_str()))
+            .collect();
+        let mut census: HashMap<&str, ClassCensus> = HashMap::new();
+        for c in self.mirror.claims.values() {
+            if c.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let counts = census
+                .entry(c.spec.node_class_ref.name.as_str())
+                .or_default();
+            counts.live += 1;
+            if c.metadata.uid.as_deref().is_none_or(|u| !held.contains(u)) {
+                counts.unbound += 1;
+            }
+        }
+        for h in self.mirror.hosts.values() {
+            if h.state() == HostState::Available && h.claim().is_none() && !h.in_maintenance() {
+                census.entry(h.class()).or_default().free += 1;
+            }
+        }
+        census
+            .into_iter()
+            .map(|(class, counts)| (class.to_string(), counts))
+            .collect()
     }
 
     /// Strike or end a fault.
@@ -838,49 +874,50 @@ impl Runner<'_> {
         let probe = self.sc.probe_interval;
         let slack = self.sc.step;
         // one-claim-per-host: a NodeClaim holds at most one host.
-        for (uid, hosts) in self.holders() {
-            if hosts.len() > 1 {
-                self.checks.violate(
-                    "one-claim-per-host",
-                    &uid,
-                    now,
-                    format!("NodeClaim uid {uid} holds hosts {}", hosts.join(", ")),
-                );
-            }
+        for (uid, hosts) in self.shared_claims() {
+            self.checks.violate(
+                "one-claim-per-host",
+                &uid,
+                now,
+                format!("NodeClaim uid {uid} holds hosts {}", hosts.join(", ")),
+            );
         }
         // zombie-lifetime: a kubelet on a host nobody holds is gone within 2 probe intervals.
-        let running = self.world.transport.each(|h| {
+        // Only hosts with a kubelet running on a clean link can be zombies; the others just
+        // end any zombie episode they had.
+        let (by_addr, infos) = (&self.by_addr, &self.infos);
+        let running: Vec<usize> = self.world.transport.filter_map(|h| {
             let clean = h.reachable && h.handshake_delay.is_zero() && !h.leave_in_flight;
-            (
-                h.address.clone(),
-                h.kubelet_running() && clean,
-                h.fingerprint.clone(),
-            )
+            let i = *by_addr.get(&h.address)?;
+            (clean && h.kubelet_running() && h.fingerprint == infos[i].fingerprint).then_some(i)
         });
-        for (address, running, fingerprint) in running {
-            let Some(i) = self.by_addr.get(&address) else {
-                continue;
-            };
-            let name = self.infos[*i].name.clone();
-            let pinned = self.infos[*i].fingerprint.clone();
-            let h = self.mirror.hosts.get(&name);
+        if !self.checks.zombie_since.is_empty() {
+            let running_names: HashSet<&str> = running
+                .iter()
+                .map(|i| self.infos[*i].name.as_str())
+                .collect();
+            self.checks
+                .zombie_since
+                .retain(|name, _| running_names.contains(name.as_str()));
+        }
+        for i in running {
+            let name = &self.infos[i].name;
+            let h = self.mirror.hosts.get(name);
             let claim_live = h.and_then(|h| h.claim()).is_some_and(|c| {
                 self.mirror
                     .claims
                     .get(&c.name)
                     .is_some_and(|nc| nc.metadata.uid.as_deref() == Some(c.uid.as_str()))
             });
-            let key_ok = fingerprint == pinned;
-            let zombie = running && key_ok && !claim_live;
-            if !zombie {
-                self.checks.zombie_since.remove(&name);
+            if claim_live {
+                self.checks.zombie_since.remove(name);
                 continue;
             }
             let since = *self.checks.zombie_since.entry(name.clone()).or_insert(now);
             let from = self
                 .checks
                 .disturbed
-                .get(&name)
+                .get(name)
                 .map_or(since, |d| (*d).max(since));
             if now.saturating_sub(from) > 2 * probe + slack {
                 self.checks.violate(
@@ -976,22 +1013,20 @@ impl Runner<'_> {
         let mut vcpu = 0.0;
         let mut cost = 0.0;
         for (name, node) in &self.mirror.nodes {
-            let provider = node
+            let by_provider = node
                 .spec
                 .as_ref()
-                .and_then(|s| s.provider_id.clone())
-                .unwrap_or_default();
-            let by_provider = provider
-                .rsplit_once('/')
+                .and_then(|s| s.provider_id.as_deref())
+                .and_then(|p| p.rsplit_once('/'))
                 .and_then(|(_, h)| self.by_name.get(h));
-            let ip = node
-                .status
-                .as_ref()
-                .and_then(|s| s.addresses.as_ref())
-                .and_then(|a| a.first())
-                .map(|a| a.address.clone())
-                .unwrap_or_default();
-            if let Some(i) = by_provider.or_else(|| self.by_addr.get(&ip)) {
+            let by_ip = || {
+                node.status
+                    .as_ref()
+                    .and_then(|s| s.addresses.as_ref())
+                    .and_then(|a| a.first())
+                    .and_then(|a| self.by_addr.get(&a.address))
+            };
+            if let Some(i) = by_provider.or_else(by_ip) {
                 let info = &self.infos[*i];
                 vcpu += f64::from(info.cpu);
                 cost += f64::from(info.cpu) * info.price;

@@ -6,7 +6,7 @@
 //! [`Journal`] with virtual timestamps (the simulation's trace, counters and the invariants
 //! that only the host side can see).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -77,6 +77,9 @@ pub struct SimTransport {
     rng: Arc<Mutex<ChaCha8Rng>>,
     journal: Arc<Mutex<Journal>>,
     origin: tokio::time::Instant,
+    /// Node name → addresses of every host that ever joined as it: the candidates
+    /// `kubelet_host` looks at, instead of every host of the fleet per deleted Node.
+    joined_as: Arc<Mutex<HashMap<String, Vec<String>>>>,
 }
 
 impl SimTransport {
@@ -88,6 +91,7 @@ impl SimTransport {
             rng: Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))),
             journal: Arc::new(Mutex::new(Journal::default())),
             origin: tokio::time::Instant::now(),
+            joined_as: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -114,11 +118,25 @@ impl SimTransport {
         self.lock().values().map(&mut f).collect()
     }
 
+    /// Visit every host, in address order, keeping what `f` returns.
+    pub fn filter_map<R>(&self, f: impl FnMut(&SimHost) -> Option<R>) -> Vec<R> {
+        self.lock().values().filter_map(f).collect()
+    }
+
     /// The host whose running kubelet is Node `node`: its address and whether the last leave
     /// sent to it failed.
     pub fn kubelet_host(&self, node: &str) -> Option<(String, bool)> {
-        self.lock()
-            .values()
+        let candidates = self
+            .joined_as
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .cloned()
+            .unwrap_or_default();
+        let hosts = self.lock();
+        candidates
+            .iter()
+            .filter_map(|a| hosts.get(a))
             .find(|h| h.kubelet_node() == Some(node))
             .map(|h| (h.address.clone(), h.last_leave_ok == Some(false)))
     }
@@ -462,6 +480,13 @@ impl SimTransport {
             );
         }
         let node = env.get("KPSSH_NODE_NAME").cloned().unwrap_or_default();
+        if exit == 0 && phase == Some(SimPhase::Join) {
+            let mut index = self.joined_as.lock().unwrap_or_else(|p| p.into_inner());
+            let addresses = index.entry(node.clone()).or_default();
+            if !addresses.contains(&target.address) {
+                addresses.push(target.address.clone());
+            }
+        }
         let what = match phase {
             Some(SimPhase::Join) => format!("{label} as {node} exit={exit}"),
             _ => format!("{label} exit={exit}"),

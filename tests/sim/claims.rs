@@ -99,6 +99,12 @@ async fn s13_s14_cheapest_class_oldest_host_join_env() {
         format!("kpssh://{}/small-old", w.ns())
     );
     assert_eq!(join.env["KPSSH_NODE_NAME"], "nc-1");
+    // The simulation's own index (node-deleted-after-kubelet-stopped) finds the kubelet.
+    assert_eq!(
+        w.transport.kubelet_host("nc-1"),
+        Some(("10.1.0.2".to_string(), false))
+    );
+    assert_eq!(w.transport.kubelet_host("nc-2"), None);
     assert!(
         join.env["KPSSH_TAINTS"]
             .starts_with("karpenter.sh/unregistered:NoExecute,team=a:NoSchedule")

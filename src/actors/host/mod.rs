@@ -191,19 +191,22 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.ctx.metrics.mailbox_out("host");
+        // Each arm is boxed: the actor's task holds this future for its whole life, and inline
+        // it would be as large as the largest arm (a launch), in every one of 10,000 hosts,
+        // and copied whole for every message.
         match msg {
             HostMsg::Observed(host) => {
                 let old = state.host.clone();
                 state.observe(*host);
                 if state.needs_probe_now(&old) {
-                    probe::run(&myself, state).await;
+                    Box::pin(probe::run(&myself, state)).await;
                 }
             }
-            HostMsg::Probe => probe::run(&myself, state).await,
-            HostMsg::Launch(claim) => launch::run(state, &claim).await,
-            HostMsg::Release(claim) => release::run(state, &claim).await,
-            HostMsg::NodeSeen(node) => registration::node_seen(state, &node).await,
-            HostMsg::AdoptDeadline(claim) => launch::adopt_deadline(state, &claim).await,
+            HostMsg::Probe => Box::pin(probe::run(&myself, state)).await,
+            HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,
+            HostMsg::Release(claim) => Box::pin(release::run(state, &claim)).await,
+            HostMsg::NodeSeen(node) => Box::pin(registration::node_seen(state, &node)).await,
+            HostMsg::AdoptDeadline(claim) => Box::pin(launch::adopt_deadline(state, &claim)).await,
         }
         Ok(())
     }

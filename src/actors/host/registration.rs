@@ -35,6 +35,9 @@ pub async fn release_if_stale<C: Cluster, T: Transport>(
     let Some(claim) = state.host.claim().cloned() else {
         return Ok(false);
     };
+    if state.ctx.claims.contains(&claim.uid) {
+        return Ok(false);
+    }
     let current: Option<NodeClaim> = state.ctx.cluster.get(None, &claim.name).await?;
     if current.is_some_and(|nc| nc.metadata.uid.as_deref() == Some(claim.uid.as_str())) {
         return Ok(false);

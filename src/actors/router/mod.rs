@@ -167,6 +167,11 @@ async fn on_event<C: Cluster, T: Transport>(
 ) {
     match ev {
         WatchEvent::Restarted(all) => {
+            state.ctx.claims.replace_all(
+                all.iter()
+                    .filter(|c| c.is_ours())
+                    .filter_map(|c| c.metadata.uid.as_deref()),
+            );
             state.claims = all
                 .into_iter()
                 .filter(NodeClaim::is_ours)
@@ -178,11 +183,17 @@ async fn on_event<C: Cluster, T: Transport>(
             }
         }
         WatchEvent::Applied(nc) if nc.is_ours() => {
+            if let Some(uid) = nc.metadata.uid.as_deref() {
+                state.ctx.claims.insert(uid);
+            }
             let name = nc.metadata.name.clone().unwrap_or_default();
             state.claims.insert(name.clone(), nc);
             reconcile(state, &name).await;
         }
         WatchEvent::Deleted(nc) if nc.is_ours() => {
+            if let Some(uid) = nc.metadata.uid.as_deref() {
+                state.ctx.claims.remove(uid);
+            }
             let name = nc.metadata.name.clone().unwrap_or_default();
             state.claims.remove(&name);
             state.waiting.remove(&name);
