@@ -15,7 +15,8 @@ pub enum ProbeStamp {
     /// Leave it as it is.
     Keep,
     /// A probe just ran: stamp it when the write happens anyway, or when the stored stamp is
-    /// older than `refresh` (so an unchanged host costs one write per `refresh`, not per probe).
+    /// more than 1.1 × `refresh` old (so an unchanged host costs one write per `refresh` and
+    /// at most one probe interval more, not one per probe).
     Probed { refresh: Duration },
 }
 
@@ -53,7 +54,11 @@ pub async fn write_status_if_changed<C: Cluster>(
         ProbeStamp::Probed { refresh } => old
             .last_probe_time
             .as_ref()
-            .is_none_or(|t| clock.since(t.0) >= refresh),
+            // A tenth of slack: probes run every interval *after the last one finished*, so
+            // with a refresh that is a multiple of the interval (15 m and 5 m) the due probe
+            // lands a few milliseconds late, and without slack the one before it would be
+            // the one to write: four writes an hour instead of three.
+            .is_none_or(|t| clock.since(t.0) > refresh + refresh / 10),
     };
     if !changed && !stale_stamp {
         return Ok(None);
@@ -99,5 +104,63 @@ pub fn sync_ready_condition(status: &mut SSHHostStatus, generation: Option<i64>,
             }
         }
         None => status.conditions.push(cond),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{ProbeStamp, write_status_if_changed};
+    use crate::api::HostState;
+    use crate::clock::Clock;
+    use crate::k8s::{Cluster, MemoryCluster};
+    use crate::sim::SimHost;
+    use crate::sim::world::host_object;
+
+    /// S8's write discipline: an unchanged probe result rewrites `lastProbeTime` only once
+    /// the stored stamp is more than 1.1 × the refresh period old.
+    #[tokio::test(start_paused = true)]
+    async fn unchanged_probe_stamps_only_after_the_refresh_period() {
+        let clock = Clock::simulated(jiff::Timestamp::UNIX_EPOCH);
+        let cluster = MemoryCluster::new(clock.clone());
+        let sim = SimHost::new("10.9.0.1", 2, 4_000_000);
+        let host = cluster
+            .create(&host_object("pool", "h", "small", &sim))
+            .await
+            .expect("create");
+        let refresh = Duration::from_secs(15 * 60);
+        let probed = ProbeStamp::Probed { refresh };
+        let available = |s: &mut crate::api::SSHHostStatus| s.state = HostState::Available;
+        let host = write_status_if_changed(&cluster, &clock, &host, probed, available)
+            .await
+            .expect("first write")
+            .expect("a new status is written");
+        let stamped = host.status.as_ref().and_then(|s| s.last_probe_time.clone());
+        assert!(stamped.is_some());
+        // Probes run late by their own duration: a stamp just over `refresh` old is kept.
+        tokio::time::advance(refresh + Duration::from_secs(3)).await;
+        let same = write_status_if_changed(&cluster, &clock, &host, probed, available)
+            .await
+            .expect("write");
+        assert!(same.is_none(), "a stamp just over `refresh` old is kept");
+        let kept = write_status_if_changed(&cluster, &clock, &host, ProbeStamp::Keep, available)
+            .await
+            .expect("write");
+        assert!(kept.is_none(), "Keep never writes an unchanged status");
+        tokio::time::advance(refresh / 10).await;
+        let later = write_status_if_changed(&cluster, &clock, &host, probed, available)
+            .await
+            .expect("write")
+            .expect("a stamp older than `refresh` is rewritten");
+        let restamped = later
+            .status
+            .as_ref()
+            .and_then(|s| s.last_probe_time.clone());
+        assert!(restamped > stamped);
+        assert_ne!(
+            later.metadata.resource_version,
+            host.metadata.resource_version
+        );
     }
 }
