@@ -5,7 +5,7 @@ test:
 	scripts/test.sh
 
 # The main job: `kpssh sim` on its embedded default (a virtual day of 260 hosts in three
-# classes with faults, about 45 s in a release build; see docs/simulation.md).
+# classes with faults, about 7 s in a release build; see docs/simulation.md).
 run:
 	cargo run --release -- sim --report target/sim-report.html
 
