@@ -69,6 +69,15 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
     }
     let nodeclaim = plan.claim.clone();
     match launch(state, &plan).await {
+        // The NodeClaim was force-deleted while the join ran (S26): release now, with its
+        // token (S27), rather than at the next probe, a whole probe interval later.
+        Ok(true)
+            if super::registration::release_if_stale(state)
+                .await
+                .unwrap_or(false) =>
+        {
+            return;
+        }
         Ok(true) => {}
         // The NodeClaim went away while the launch waited: its release (queued) or the stale
         // claim check of the next probe frees the host.

@@ -281,6 +281,14 @@ async fn record_failure<C: Cluster, T: Transport>(
         )
         .await;
     }
+    // S27: a token a failed launch could not delete is an API object, not a host's: it goes
+    // at this probe even if the host stays unreachable for longer than the probe interval.
+    if matches!(
+        state.state(),
+        HostState::Available | HostState::Unhealthy | HostState::Pending
+    ) {
+        registration::collect_token(state).await?;
+    }
     Ok(())
 }
 
