@@ -359,19 +359,26 @@ impl State {
         } else {
             generation
         };
-        let rv = self.next_rv();
-        let meta = meta_mut(&mut new);
-        meta.insert("generation".into(), json!(generation));
-        meta.insert("resourceVersion".into(), json!(rv));
+        meta_mut(&mut new).insert("generation".into(), json!(generation));
         let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
-        let new = Arc::new(new);
-        if deleting && finalizers_empty(&new) {
-            self.objects.remove(key);
-            self.notify(key, RawEvent::Deleted, &new);
-        } else {
-            self.objects.insert(key.clone(), new.clone());
-            self.notify(key, RawEvent::Applied, &new);
+        if !(deleting && finalizers_empty(&new)) {
+            return self.store(key, new);
         }
+        let rv = self.next_rv();
+        meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
+        let new = Arc::new(new);
+        self.objects.remove(key);
+        self.notify(key, RawEvent::Deleted, &new);
+        new
+    }
+
+    /// Store `new` as the next version of an existing object and tell the watchers.
+    fn store(&mut self, key: &Key, mut new: Value) -> Arc<Value> {
+        let rv = self.next_rv();
+        meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
+        let new = Arc::new(new);
+        self.objects.insert(key.clone(), new.clone());
+        self.notify(key, RawEvent::Applied, &new);
         new
     }
 
@@ -560,12 +567,7 @@ impl Cluster for MemoryCluster {
         if let Some(status) = status {
             new.insert("status".into(), status);
         }
-        let mut new = Value::Object(new);
-        let rv = st.next_rv();
-        meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
-        let new = Arc::new(new);
-        st.objects.insert(key.clone(), new.clone());
-        st.notify(&key, RawEvent::Applied, &new);
+        let new = st.store(&key, Value::Object(new));
         from_value(&new)
     }
 
