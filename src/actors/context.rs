@@ -136,22 +136,50 @@ struct ViewInner {
     /// Bumped on every change, so that passes over the whole pool can be skipped when nothing
     /// moved.
     version: u64,
-    /// Bumped when a host is added or removed or its labels or usability change.
+    /// Bumped when a host is added or removed or its labels, usability, arch or capacity
+    /// change: what node class selection and instance types are computed from.
     membership: u64,
     /// Shared, immutable copies: a snapshot of ten thousand hosts is ten thousand pointer
     /// copies, not ten thousand deep clones.
     hosts: BTreeMap<String, Arc<SSHHost>>,
     by_claim: BTreeMap<String, String>,
+    /// How many hosts carry an install marker of each SSHJoinProfile: the profile finalizer's
+    /// question, answered without a pass over the pool every resync.
+    by_profile: BTreeMap<String, usize>,
+}
+
+/// Nothing a node class's selection or instance types read changed: labels (selector and
+/// class), usability, arch and capacity. Probes and claims leave all of them alone.
+fn same_offering(old: &SSHHost, new: &SSHHost) -> bool {
+    use crate::actors::router::instance_types::usable;
+    fn arch(h: &SSHHost) -> Option<&String> {
+        h.status.as_ref()?.observed_arch.as_ref()
+    }
+    fn observed(
+        h: &SSHHost,
+    ) -> Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>> {
+        h.status.as_ref()?.observed_capacity.as_ref()
+    }
+    old.metadata.labels == new.metadata.labels
+        && old.spec.capacity == new.spec.capacity
+        && arch(old) == arch(new)
+        && observed(old) == observed(new)
+        && usable(old) == usable(new)
+}
+
+/// The SSHJoinProfile an install marker (`name@version`) names.
+fn installed_profile(host: &SSHHost) -> Option<&str> {
+    let marker = host.status.as_ref()?.installed_profile.as_deref()?;
+    marker.split('@').next()
 }
 
 impl ViewInner {
     fn insert(&mut self, host: Arc<SSHHost>) {
         let name = host.metadata.name.clone().unwrap_or_default();
-        let same_membership = self.hosts.get(&name).is_some_and(|old| {
-            old.metadata.labels == host.metadata.labels
-                && crate::actors::router::instance_types::usable(old)
-                    == crate::actors::router::instance_types::usable(&host)
-        });
+        let same_membership = self
+            .hosts
+            .get(&name)
+            .is_some_and(|old| same_offering(old, &host));
         if !same_membership {
             self.membership += 1;
         }
@@ -159,15 +187,28 @@ impl ViewInner {
         if let Some(c) = host.claim() {
             self.by_claim.insert(c.uid.clone(), name.clone());
         }
+        if let Some(p) = installed_profile(&host) {
+            *self.by_profile.entry(p.to_string()).or_default() += 1;
+        }
         self.hosts.insert(name, host);
     }
 
     fn remove(&mut self, name: &str) {
-        if let Some(old) = self.hosts.remove(name)
-            && let Some(c) = old.claim()
+        let Some(old) = self.hosts.remove(name) else {
+            return;
+        };
+        if let Some(c) = old.claim()
             && self.by_claim.get(&c.uid).is_some_and(|h| h == name)
         {
             self.by_claim.remove(&c.uid);
+        }
+        if let Some(p) = installed_profile(&old)
+            && let Some(n) = self.by_profile.get_mut(p)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.by_profile.remove(p);
+            }
         }
     }
 }
@@ -254,10 +295,16 @@ impl HostView {
             .map(|_| name.clone())
     }
 
-    /// Changes that can move a node class's selection: a host added or removed, or its labels
-    /// or usability changed. Status churn (probes, claims, installs) leaves it alone.
+    /// Changes that can move a node class's selection or instance types: a host added or
+    /// removed, or its labels, usability, arch or capacity changed. Status churn (probes,
+    /// claims, installs) leaves it alone.
     pub fn membership_version(&self) -> u64 {
         self.read().membership
+    }
+
+    /// Whether any host carries an install marker of this SSHJoinProfile.
+    pub fn profile_in_use(&self, profile: &str) -> bool {
+        self.read().by_profile.contains_key(profile)
     }
 
     /// Every host, in name order.

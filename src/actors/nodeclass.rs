@@ -2,9 +2,8 @@
 //! that blocks deleting a class while NodeClaims use it, and the finalizer that keeps a profile
 //! while an install marker names it (so that leave always finds its script).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -228,15 +227,14 @@ async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T
     let names: Vec<String> = state.classes.keys().cloned().collect();
     // Read before the snapshot: a change in between makes the next pass count again.
     let membership = state.ctx.hosts.membership_version();
-    let hosts = state.ctx.hosts.snapshot();
     let mut ok = true;
     for name in names {
-        if let Err(e) = reconcile_class(state, &name, &hosts, membership).await {
+        if let Err(e) = reconcile_class(state, &name, membership).await {
             tracing::warn!(nodeclass = %name, error = %e, "node class not reconciled");
             ok = false;
         }
     }
-    if let Err(e) = reconcile_profiles(state, &hosts).await {
+    if let Err(e) = reconcile_profiles(state).await {
         tracing::warn!(error = %e, "profile finalizers not reconciled");
         ok = false;
     }
@@ -282,7 +280,6 @@ pub fn readiness<H: std::borrow::Borrow<crate::api::SSHHost>>(
 async fn reconcile_class<C: Cluster, T: Transport>(
     state: &mut NodeClassState<C, T>,
     name: &str,
-    hosts: &[Arc<crate::api::SSHHost>],
     membership: u64,
 ) -> Result<(), ClusterError> {
     let Some(class) = state.classes.get(name).cloned() else {
@@ -308,7 +305,8 @@ async fn reconcile_class<C: Cluster, T: Transport>(
     let (ok, why, message) = match state.readiness.get(name) {
         Some((seen, verdict)) if *seen == inputs => verdict.clone(),
         _ => {
-            let verdict = readiness(&class, profile, hosts);
+            // Only a membership change pays for a look at every host.
+            let verdict = readiness(&class, profile, &state.ctx.hosts.snapshot());
             state
                 .readiness
                 .insert(name.to_string(), (inputs, verdict.clone()));
@@ -336,19 +334,13 @@ async fn reconcile_class<C: Cluster, T: Transport>(
 /// Profiles named by any host's install marker keep a finalizer.
 async fn reconcile_profiles<C: Cluster, T: Transport>(
     state: &NodeClassState<C, T>,
-    hosts: &[Arc<crate::api::SSHHost>],
 ) -> Result<(), ClusterError> {
-    let in_use: BTreeSet<String> = hosts
-        .iter()
-        .filter_map(|h| h.status.as_ref()?.installed_profile.clone())
-        .filter_map(|m| m.split('@').next().map(str::to_string))
-        .collect();
     for (name, profile) in &state.profiles {
         finalizers::set(
             &state.ctx.cluster,
             profile,
             TERMINATION_FINALIZER,
-            in_use.contains(name),
+            state.ctx.hosts.profile_in_use(name),
         )
         .await?;
     }

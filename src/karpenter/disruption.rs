@@ -276,7 +276,7 @@ async fn repair<C: Cluster, T: Transport>(
         let st = state.read();
         st.nodeclaims
             .values()
-            .filter(|nc| nc.metadata.deletion_timestamp.is_none())
+            .filter(|nc| nc.metadata.deletion_timestamp.is_none() && st.maybe_not_ready(nc))
             .filter(|nc| {
                 st.node_of(nc).and_then(node_ready).is_some_and(|c| {
                     c.status != "True"

@@ -39,9 +39,13 @@ pub struct Inner {
     pub pod_events: BTreeMap<String, Timestamp>,
     /// Bumped whenever the set of unschedulable pending pods changes (the batcher's signal).
     pub pending_seq: u64,
-    /// Names of NodeClaims that changed, or whose Node did, since the lifecycle loop (their
-    /// only consumer) last took them: it reconciles what moved, not the whole fleet.
-    touched_claims: BTreeSet<String>,
+    /// Names of NodeClaims that changed, or whose Node did, since their consumers (the
+    /// lifecycle loop and the startup taint gates) last took them: they look at what moved,
+    /// not at the whole fleet.
+    touched_claims: Touched,
+    /// Nodes whose Ready condition is there and not True, with their provider IDs: node
+    /// repair's candidates, so that a healthy fleet costs it no pass over every claim.
+    not_ready: BTreeMap<String, Option<String>>,
     /// NodeClaims being deleted or marked for disruption and not yet drained: termination's
     /// work list, kept here so that it does not scan every claim every tick.
     terminating: BTreeSet<String>,
@@ -52,6 +56,26 @@ pub struct Inner {
 }
 
 const KINDS: u8 = 6;
+
+/// One set of touched NodeClaim names per consumer: each takes its own.
+#[derive(Default, Debug)]
+struct Touched {
+    lifecycle: BTreeSet<String>,
+    gates: BTreeSet<String>,
+}
+
+impl Touched {
+    fn insert(&mut self, name: String) {
+        self.gates.insert(name.clone());
+        self.lifecycle.insert(name);
+    }
+
+    fn extend(&mut self, names: impl IntoIterator<Item = String>) {
+        for n in names {
+            self.insert(n);
+        }
+    }
+}
 
 impl Inner {
     pub fn synced(&self) -> bool {
@@ -75,6 +99,25 @@ impl Inner {
         self.nodes_by_provider
             .get(pid)
             .and_then(|name| self.nodes.get(name))
+    }
+
+    /// Whether the NodeClaim's Node may be one whose Ready condition is not True: a cheap
+    /// superset test (two lookups in a set of a few nodes) before [`Inner::node_of`].
+    pub fn maybe_not_ready(&self, nc: &NodeClaim) -> bool {
+        if self.not_ready.is_empty() {
+            return false;
+        }
+        let Some(s) = nc.status.as_ref() else {
+            return false;
+        };
+        s.node_name
+            .as_deref()
+            .is_some_and(|n| self.not_ready.contains_key(n))
+            || s.provider_id.as_deref().is_some_and(|p| {
+                self.not_ready
+                    .values()
+                    .any(|pid| pid.as_deref() == Some(p))
+            })
     }
 
     /// The NodeClaim whose node is `node` (by nodeName or provider ID).
@@ -135,7 +178,12 @@ impl ClusterState {
 
     /// The NodeClaims touched since the last call (see `Inner::touched_claims`).
     pub fn take_touched_claims(&self) -> BTreeSet<String> {
-        std::mem::take(&mut self.write().touched_claims)
+        std::mem::take(&mut self.write().touched_claims.lifecycle)
+    }
+
+    /// The NodeClaims touched since the startup taint gates last asked.
+    pub fn take_touched_gates(&self) -> BTreeSet<String> {
+        std::mem::take(&mut self.write().touched_claims.gates)
     }
 
     /// Record a NodeClaim this controller just wrote, before its watch event arrives, so that
@@ -384,7 +432,36 @@ fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
             }
         }
     }
+    let changed = match &c {
+        Change::Reset(_) => None,
+        Change::Upsert(n) | Change::Delete(n) => Some(name_of(n)),
+    };
     apply_named(&mut st.nodes, c, |_| true);
+    match changed {
+        Some(name) => track_not_ready(st, &name),
+        None => {
+            st.not_ready.clear();
+            let all: Vec<String> = st.nodes.keys().cloned().collect();
+            for name in all {
+                track_not_ready(st, &name);
+            }
+        }
+    }
+}
+
+fn track_not_ready(st: &mut Inner, name: &str) {
+    let not_ready = st.nodes.get(name).filter(|n| {
+        super::lifecycle::node_ready(n).is_some_and(|c| c.status != "True")
+    });
+    match not_ready {
+        Some(n) => {
+            let pid = provider_of(n).map(str::to_string);
+            st.not_ready.insert(name.to_string(), pid);
+        }
+        None => {
+            st.not_ready.remove(name);
+        }
+    }
 }
 
 fn provider_of(n: &Node) -> Option<&str> {
@@ -489,19 +566,19 @@ mod tests {
         apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, Some("p://a"))), now());
         apply_nodeclaim(&mut st, Change::Upsert(claim("b", 2, Some("p://b"))), now());
         assert!(st.nodeclaims.contains_key("a"), "claim of ours kept");
-        st.touched_claims.clear();
+        st.touched_claims.lifecycle.clear();
         // Adopt: the Node has its own name; the provider ID leads to claim b.
         apply_node(&mut st, Change::Upsert(node("worker-7", 3, "p://b")), now());
-        assert_eq!(st.touched_claims, BTreeSet::from(["b".to_string()]));
+        assert_eq!(st.touched_claims.lifecycle, BTreeSet::from(["b".to_string()]));
         assert_eq!(
             st.node_of(&st.nodeclaims["b"])
                 .and_then(|n| n.metadata.name.clone()),
             Some("worker-7".into())
         );
-        st.touched_claims.clear();
+        st.touched_claims.lifecycle.clear();
         // Static: the Node is named after its claim.
         apply_node(&mut st, Change::Upsert(node("a", 4, "p://x")), now());
-        assert_eq!(st.touched_claims, BTreeSet::from(["a".to_string()]));
+        assert_eq!(st.touched_claims.lifecycle, BTreeSet::from(["a".to_string()]));
     }
 
     #[test]
@@ -530,7 +607,7 @@ mod tests {
         );
         apply_nodeclaim(&mut st, Change::Delete(claim("a", 3, Some("p://2"))), now());
         assert!(st.claims_by_provider.is_empty());
-        assert!(st.touched_claims.contains("a"));
+        assert!(st.touched_claims.lifecycle.contains("a"));
     }
 
     #[test]

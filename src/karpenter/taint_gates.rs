@@ -3,6 +3,8 @@
 //! node condition (`nodeCondition`). Only taints the NodeClaim declares as startup taints, only
 //! on Nodes of our NodeClaims.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::core::{Selector, SelectorExt};
 use tokio::task::JoinHandle;
@@ -21,9 +23,20 @@ pub fn spawn<C: Cluster, T: Transport>(
     cfg: KarpenterConfig,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        // NodeClaims that may have a gate to open: those that moved, kept while their Node
+        // still carries a startup taint (a podsReady gate waits on pods, which touch no claim).
+        let mut pending: BTreeSet<String> = BTreeSet::new();
+        let mut swept = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(cfg.reconcile_interval).await;
-            let work = due(&state.read());
+            pending.append(&mut state.take_touched_gates());
+            let now = tokio::time::Instant::now();
+            if now >= swept + SWEEP {
+                // A safety net for a missed event.
+                swept = now;
+                pending.extend(state.read().nodeclaims.keys().cloned());
+            }
+            let work = due(&state.read(), &mut pending);
             for (node_name, class_name, keys) in work {
                 if let Err(e) = open_gates(&ctx, &state, &node_name, &class_name, &keys).await {
                     tracing::debug!(node = %node_name, error = %e, "taint gate retry");
@@ -33,26 +46,42 @@ pub fn spawn<C: Cluster, T: Transport>(
     })
 }
 
-/// Nodes of our NodeClaims that still carry one of their declared startup taints.
-fn due(s: &Inner) -> Vec<(String, String, Vec<String>)> {
-    s.nodeclaims
-        .values()
+/// How often every NodeClaim is looked at, not only those that moved.
+const SWEEP: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Nodes of the `pending` NodeClaims that still carry one of their declared startup taints;
+/// claims with nothing left to open (or no Node yet: its arrival touches them) leave `pending`.
+fn due(s: &Inner, pending: &mut BTreeSet<String>) -> Vec<(String, String, Vec<String>)> {
+    let mut work = vec![];
+    pending.retain(|name| {
+        let Some(nc) = s.nodeclaims.get(name) else {
+            return false;
+        };
         // Most claims declare no startup taint: skip them before looking up their Node.
-        .filter(|nc| !nc.spec.startup_taints.is_empty())
-        .filter_map(|nc| {
-            let node = s.node_of(nc)?;
-            let on_node = node_taint_keys(node);
-            let keys: Vec<String> = nc
-                .spec
-                .startup_taints
-                .iter()
-                .map(|t| t.key.clone())
-                .filter(|k| on_node.contains(k))
-                .collect();
-            let name = node.metadata.name.clone()?;
-            (!keys.is_empty()).then(|| (name, nc.spec.node_class_ref.name.clone(), keys))
-        })
-        .collect()
+        if nc.spec.startup_taints.is_empty() {
+            return false;
+        }
+        let Some(node) = s.node_of(nc) else {
+            return false;
+        };
+        let on_node = node_taint_keys(node);
+        let keys: Vec<String> = nc
+            .spec
+            .startup_taints
+            .iter()
+            .map(|t| t.key.clone())
+            .filter(|k| on_node.contains(k))
+            .collect();
+        let Some(node_name) = node.metadata.name.clone() else {
+            return false;
+        };
+        if keys.is_empty() {
+            return false;
+        }
+        work.push((node_name, nc.spec.node_class_ref.name.clone(), keys));
+        true
+    });
+    work
 }
 
 fn node_taint_keys(node: &Node) -> Vec<String> {

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use super::choose::Ranking;
 use super::claim::{self, ClaimOutcome, ClaimResult};
-use super::instance_types::InstanceTypeError;
+use super::instance_types::{InstanceType, InstanceTypeError, instance_types};
 use super::{RouterState, claim_ref, holder, launched, reconcile, send};
 use crate::actors::host::HostMsg;
 use crate::api::{ClaimRef, NodeClaim, SSHHost, SSHJoinProfile, SSHNodeClass};
@@ -35,6 +35,15 @@ struct ClassRanking {
     class: SSHNodeClass,
     ranking: Result<Ranking, InstanceTypeError>,
     built: jiff::Timestamp,
+}
+
+/// A class's instance types and what they were computed from: the pool's membership version
+/// and the class's resourceVersion. Claims and probes do not move either, so a burst that
+/// ranks the pool again and again computes them once.
+struct CachedTypes {
+    membership: u64,
+    class_version: Option<String>,
+    types: Vec<InstanceType>,
 }
 
 struct InFlight {
@@ -62,6 +71,8 @@ pub struct Burst {
     /// Claims that found only reserved hosts: queued again when a task ends.
     deferred: Vec<String>,
     rankings: BTreeMap<String, ClassRanking>,
+    /// Kept when the burst ends: the next burst usually finds the same pool.
+    types: BTreeMap<String, CachedTypes>,
 }
 
 impl Burst {
@@ -77,6 +88,7 @@ impl Burst {
             finalized: BTreeSet::new(),
             deferred: vec![],
             rankings: BTreeMap::new(),
+            types: BTreeMap::new(),
         }
     }
 
@@ -223,17 +235,49 @@ async fn rank<C: Cluster, T: Transport>(
         Some(p) => p.marker(),
         None => format!("{profile_name}@?"),
     };
+    // Read before the snapshot: a change in between makes the next ranking compute again.
+    let membership = state.ctx.hosts.membership_version();
     let hosts = state.ctx.hosts.snapshot();
-    let ranking = Ranking::build(&class, &marker, &hosts, state.ctx.config.split_mixed_arch);
+    let ranking = class_types(state, &class, &hosts, membership)
+        .and_then(|types| Ranking::build_with_types(&class, &marker, &hosts, types));
+    let built = state.ctx.clock.now();
     state.burst.rankings.insert(
         class_name.to_string(),
         ClassRanking {
             class,
             ranking,
-            built: clock.now(),
+            built,
         },
     );
     Ok(Some(true))
+}
+
+/// The class's instance types over `hosts`, from the cache when neither the pool's membership
+/// nor the class moved since they were computed.
+fn class_types<C: Cluster, T: Transport>(
+    state: &mut RouterState<C, T>,
+    class: &SSHNodeClass,
+    hosts: &[std::sync::Arc<SSHHost>],
+    membership: u64,
+) -> Result<Vec<InstanceType>, InstanceTypeError> {
+    let name = class.metadata.name.clone().unwrap_or_default();
+    let class_version = class.metadata.resource_version.clone();
+    if let Some(c) = state.burst.types.get(&name)
+        && c.membership == membership
+        && c.class_version == class_version
+    {
+        return Ok(c.types.clone());
+    }
+    let types = instance_types(class, hosts, state.ctx.config.split_mixed_arch)?;
+    state.burst.types.insert(
+        name,
+        CachedTypes {
+            membership,
+            class_version,
+            types: types.clone(),
+        },
+    );
+    Ok(types)
 }
 
 /// The next host of the class's ranking for `nc`; `skip_held: false` also offers hosts held

@@ -37,6 +37,17 @@ impl Ranking {
         split_mixed_arch: bool,
     ) -> Result<Self, InstanceTypeError> {
         let types = instance_types(class, hosts, split_mixed_arch)?;
+        Self::build_with_types(class, profile_marker, hosts, types)
+    }
+
+    /// [`Ranking::build`] with the class's instance types already computed over `hosts` (they
+    /// change only with the pool's membership, so a caller may keep them across rankings).
+    pub fn build_with_types<H: Borrow<SSHHost>>(
+        class: &SSHNodeClass,
+        profile_marker: &str,
+        hosts: &[H],
+        types: Vec<InstanceType>,
+    ) -> Result<Self, InstanceTypeError> {
         let selector = ClassSelector::of(class)?;
         // (price, cold, created, name, type): the sort key, computed once per host.
         let mut ranked: Vec<(f64, bool, Option<jiff::Timestamp>, String, usize)> = vec![];
