@@ -1,6 +1,8 @@
 //! What every actor is handed: the ports, the clock, the settings and the shared limits.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::Node;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rand::SeedableRng;
@@ -25,6 +27,8 @@ pub struct Context<C: Cluster, T: Transport> {
     pub hosts: HostView,
     /// UIDs of the NodeClaims that exist, as the router's watch delivered them.
     pub claims: ClaimView,
+    /// Node names by InternalIP, as the supervisor's Node watch delivered them.
+    pub node_addresses: NodeAddressView,
     pub metrics: super::metrics::SharedMetrics,
     /// Open NodeClaim lifecycle traces, shared by router, host actors and karpenter layer.
     pub lifecycles: crate::telemetry::Lifecycles,
@@ -42,6 +46,7 @@ impl<C: Cluster, T: Transport> Clone for Context<C, T> {
             limits: self.limits.clone(),
             hosts: self.hosts.clone(),
             claims: self.claims.clone(),
+            node_addresses: self.node_addresses.clone(),
             metrics: self.metrics.clone(),
             lifecycles: self.lifecycles.clone(),
             rng: self.rng.clone(),
@@ -71,6 +76,7 @@ impl<C: Cluster, T: Transport> Context<C, T> {
             limits,
             hosts: HostView::default(),
             claims: ClaimView::default(),
+            node_addresses: NodeAddressView::default(),
             metrics: Arc::new(super::metrics::Metrics::new()),
             lifecycles: Default::default(),
             rng: Arc::new(Mutex::new(rng)),
@@ -121,6 +127,95 @@ impl ClaimView {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .contains(uid)
+    }
+}
+
+/// Which Nodes carry an InternalIP: the zombie guard's question (the Node a stray kubelet
+/// registered), answered from the watch instead of a list of every Node. A hint only: a Node
+/// is re-read before it is acted on, and a miss still asks the API (the watch may lag).
+#[derive(Clone, Default)]
+pub struct NodeAddressView {
+    inner: Arc<RwLock<NodeAddresses>>,
+}
+
+#[derive(Default)]
+struct NodeAddresses {
+    by_ip: HashMap<String, BTreeSet<String>>,
+    ips_of: HashMap<String, Vec<String>>,
+}
+
+impl NodeAddresses {
+    fn remove(&mut self, name: &str) {
+        for ip in self.ips_of.remove(name).unwrap_or_default() {
+            if let Some(names) = self.by_ip.get_mut(&ip) {
+                names.remove(name);
+                if names.is_empty() {
+                    self.by_ip.remove(&ip);
+                }
+            }
+        }
+    }
+
+    fn upsert(&mut self, node: &Node) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return;
+        };
+        self.remove(name);
+        let ips = internal_ips(node);
+        for ip in &ips {
+            self.by_ip
+                .entry(ip.clone())
+                .or_default()
+                .insert(name.to_string());
+        }
+        self.ips_of.insert(name.to_string(), ips);
+    }
+}
+
+/// A Node's InternalIP addresses.
+pub fn internal_ips(node: &Node) -> Vec<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| {
+            a.iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .map(|a| a.address.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl NodeAddressView {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, NodeAddresses> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn upsert(&self, node: &Node) {
+        self.write().upsert(node);
+    }
+
+    pub fn remove(&self, name: &str) {
+        self.write().remove(name);
+    }
+
+    pub fn replace_all(&self, nodes: &[Node]) {
+        let mut view = self.write();
+        *view = NodeAddresses::default();
+        for n in nodes {
+            view.upsert(n);
+        }
+    }
+
+    /// Names of the Nodes seen with this InternalIP, in name order.
+    pub fn named_with_ip(&self, ip: &str) -> Vec<String> {
+        self.inner
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_ip
+            .get(ip)
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 

@@ -226,10 +226,20 @@ fn stop_host<C: Cluster, T: Transport>(state: &mut SupervisorState<C, T>, name: 
 /// Route a Node to its host: Static provider ID `kpssh://<ns>/<host>`, else (Adopt) the
 /// claimed host whose node address is the Node's InternalIP.
 fn on_node_event<C: Cluster, T: Transport>(state: &SupervisorState<C, T>, ev: WatchEvent<Node>) {
+    let addresses = &state.ctx.node_addresses;
     let nodes = match ev {
-        WatchEvent::Applied(n) => vec![n],
-        WatchEvent::Restarted(ns) => ns,
-        WatchEvent::Deleted(_) => return,
+        WatchEvent::Applied(n) => {
+            addresses.upsert(&n);
+            vec![n]
+        }
+        WatchEvent::Restarted(ns) => {
+            addresses.replace_all(&ns);
+            ns
+        }
+        WatchEvent::Deleted(n) => {
+            addresses.remove(n.metadata.name.as_deref().unwrap_or_default());
+            return;
+        }
     };
     let prefix = format!("kpssh://{}/", state.ctx.pool_ns());
     for node in nodes {
@@ -254,17 +264,7 @@ fn adopt_candidate<C: Cluster, T: Transport>(
     state: &SupervisorState<C, T>,
     node: &Node,
 ) -> Option<String> {
-    let ips: Vec<String> = node
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .map(|a| {
-            a.iter()
-                .filter(|a| a.type_ == "InternalIP")
-                .map(|a| a.address.clone())
-                .collect()
-        })
-        .unwrap_or_default();
+    let ips = crate::actors::context::internal_ips(node);
     state
         .ctx
         .hosts

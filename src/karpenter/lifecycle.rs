@@ -36,7 +36,11 @@ pub fn spawn<C: Cluster, T: Transport>(
             let mut names = state.take_touched_claims();
             names.append(&mut retry);
             let sweep = sweeps.due(tokio::time::Instant::now(), cfg.idle_resync);
-            for nc in due(&state, &names, sweep) {
+            let expiry = Expiry {
+                now: ctx.clock.now(),
+                timeout: cfg.registration_timeout,
+            };
+            for nc in due(&state, &names, sweep, expiry) {
                 if let Err(e) = reconcile(&ctx, &state, &cfg, &nc).await {
                     tracing::debug!(nodeclaim = ?nc.metadata.name, error = %e, "lifecycle retry");
                     // Retry on the next tick, not after the next sweep.
@@ -92,16 +96,43 @@ impl Sweeps {
     }
 }
 
+/// When an unregistered NodeClaim is due for deletion.
+#[derive(Debug, Clone, Copy)]
+struct Expiry {
+    now: jiff::Timestamp,
+    timeout: Duration,
+}
+
+impl Expiry {
+    /// Whether [`reconcile`] would delete this claim if it had no Node: not being deleted,
+    /// never Registered, older than the timeout. Claims waiting for a host in a burst are
+    /// many and young; they are not copied every sweep only to be found not due.
+    fn expired(&self, nc: &NodeClaim) -> bool {
+        let old = nc.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+            let age = Duration::try_from(self.now.duration_since(t.0)).unwrap_or(Duration::ZERO);
+            age >= self.timeout
+        });
+        old && nc.metadata.deletion_timestamp.is_none() && !condition_true(nc, "Registered")
+    }
+}
+
 /// The NodeClaims to reconcile this tick: those that moved (object or Node), plus the sweep.
 /// A fleet of steady claims costs nothing between sweeps, not even a comparison.
-fn due(state: &ClusterState, moved: &BTreeSet<String>, sweep: Sweep) -> Vec<NodeClaim> {
+fn due(
+    state: &ClusterState,
+    moved: &BTreeSet<String>,
+    sweep: Sweep,
+    expiry: Expiry,
+) -> Vec<NodeClaim> {
     let st = state.read();
     match sweep {
         Sweep::All => st.nodeclaims.values().cloned().collect(),
         Sweep::Unregistered => st
             .nodeclaims
             .iter()
-            .filter(|(name, nc)| moved.contains(*name) || st.node_of(nc).is_none())
+            .filter(|(name, nc)| {
+                moved.contains(*name) || (expiry.expired(nc) && st.node_of(nc).is_none())
+            })
             .map(|(_, nc)| nc.clone())
             .collect(),
         Sweep::None => moved

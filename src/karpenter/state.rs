@@ -113,11 +113,9 @@ impl Inner {
         s.node_name
             .as_deref()
             .is_some_and(|n| self.not_ready.contains_key(n))
-            || s.provider_id.as_deref().is_some_and(|p| {
-                self.not_ready
-                    .values()
-                    .any(|pid| pid.as_deref() == Some(p))
-            })
+            || s.provider_id
+                .as_deref()
+                .is_some_and(|p| self.not_ready.values().any(|pid| pid.as_deref() == Some(p)))
     }
 
     /// The NodeClaim whose node is `node` (by nodeName or provider ID).
@@ -450,9 +448,10 @@ fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
 }
 
 fn track_not_ready(st: &mut Inner, name: &str) {
-    let not_ready = st.nodes.get(name).filter(|n| {
-        super::lifecycle::node_ready(n).is_some_and(|c| c.status != "True")
-    });
+    let not_ready = st
+        .nodes
+        .get(name)
+        .filter(|n| super::lifecycle::node_ready(n).is_some_and(|c| c.status != "True"));
     match not_ready {
         Some(n) => {
             let pid = provider_of(n).map(str::to_string);
@@ -569,7 +568,10 @@ mod tests {
         st.touched_claims.lifecycle.clear();
         // Adopt: the Node has its own name; the provider ID leads to claim b.
         apply_node(&mut st, Change::Upsert(node("worker-7", 3, "p://b")), now());
-        assert_eq!(st.touched_claims.lifecycle, BTreeSet::from(["b".to_string()]));
+        assert_eq!(
+            st.touched_claims.lifecycle,
+            BTreeSet::from(["b".to_string()])
+        );
         assert_eq!(
             st.node_of(&st.nodeclaims["b"])
                 .and_then(|n| n.metadata.name.clone()),
@@ -578,7 +580,10 @@ mod tests {
         st.touched_claims.lifecycle.clear();
         // Static: the Node is named after its claim.
         apply_node(&mut st, Change::Upsert(node("a", 4, "p://x")), now());
-        assert_eq!(st.touched_claims.lifecycle, BTreeSet::from(["a".to_string()]));
+        assert_eq!(
+            st.touched_claims.lifecycle,
+            BTreeSet::from(["a".to_string()])
+        );
     }
 
     #[test]

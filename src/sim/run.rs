@@ -305,9 +305,85 @@ pub fn parse_csv(text: &str) -> Result<Vec<(Duration, u32)>, String> {
 #[derive(Default)]
 struct Mirror {
     hosts: BTreeMap<String, SSHHost>,
+    /// What the per-step checks ask of all hosts, kept as hosts change.
+    host_index: HostIndex,
     claims: BTreeMap<String, NodeClaim>,
     nodes: BTreeMap<String, Node>,
     tokens: BTreeMap<String, KubeSecret>,
+}
+
+/// Indexes over the mirrored hosts, updated per host event instead of rebuilt every step.
+#[derive(Default)]
+struct HostIndex {
+    /// Host names by the NodeClaim UID their claim carries.
+    holders: HashMap<String, BTreeSet<String>>,
+    /// UIDs held by more than one host (an invariant violation).
+    shared: BTreeSet<String>,
+    /// Claimable hosts (Available, unclaimed, not in maintenance) per class.
+    free: HashMap<String, u32>,
+}
+
+impl HostIndex {
+    fn free_of(h: &SSHHost) -> bool {
+        h.state() == HostState::Available && h.claim().is_none() && !h.in_maintenance()
+    }
+
+    fn add(&mut self, name: &str, h: &SSHHost) {
+        if let Some(c) = h.claim() {
+            let names = self.holders.entry(c.uid.clone()).or_default();
+            names.insert(name.to_string());
+            if names.len() > 1 {
+                self.shared.insert(c.uid.clone());
+            }
+        }
+        if Self::free_of(h) {
+            *self.free.entry(h.class().to_string()).or_default() += 1;
+        }
+    }
+
+    fn drop_host(&mut self, name: &str, h: &SSHHost) {
+        if let Some(c) = h.claim()
+            && let Some(names) = self.holders.get_mut(&c.uid)
+        {
+            names.remove(name);
+            if names.len() < 2 {
+                self.shared.remove(&c.uid);
+            }
+            if names.is_empty() {
+                self.holders.remove(&c.uid);
+            }
+        }
+        if Self::free_of(h)
+            && let Some(n) = self.free.get_mut(h.class())
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+impl Mirror {
+    fn reset_hosts(&mut self, all: Vec<SSHHost>) {
+        self.hosts = all.into_iter().map(|h| (name_of(&h.metadata), h)).collect();
+        self.host_index = HostIndex::default();
+        for (n, h) in &self.hosts {
+            self.host_index.add(n, h);
+        }
+    }
+
+    fn put_host(&mut self, name: String, h: SSHHost) {
+        // Old out before new in: both usually hold the same claim.
+        if let Some(old) = self.hosts.get(&name) {
+            self.host_index.drop_host(&name, old);
+        }
+        self.host_index.add(&name, &h);
+        self.hosts.insert(name, h);
+    }
+
+    fn remove_host(&mut self, name: &str) {
+        if let Some(old) = self.hosts.remove(name) {
+            self.host_index.drop_host(name, &old);
+        }
+    }
 }
 
 struct Watches {
@@ -491,10 +567,7 @@ impl Runner<'_> {
         let mut texts: Vec<(String, String)> = vec![];
         for ev in drain(&mut self.watches.hosts) {
             match ev {
-                WatchEvent::Restarted(all) => {
-                    self.mirror.hosts =
-                        all.into_iter().map(|h| (name_of(&h.metadata), h)).collect();
-                }
+                WatchEvent::Restarted(all) => self.mirror.reset_hosts(all),
                 WatchEvent::Applied(h) => {
                     let n = name_of(&h.metadata);
                     items.push((
@@ -504,12 +577,12 @@ impl Runner<'_> {
                     if let Some(e) = h.status.as_ref().and_then(|s| s.last_probe_error.clone()) {
                         texts.push((format!("SSHHost {n} status"), e));
                     }
-                    self.mirror.hosts.insert(n, h);
+                    self.mirror.put_host(n, h);
                 }
                 WatchEvent::Deleted(h) => {
                     let n = name_of(&h.metadata);
                     items.push((rv_of(&h.metadata), format!("D SSHHost {n}")));
-                    self.mirror.hosts.remove(&n);
+                    self.mirror.remove_host(&n);
                 }
             }
         }
@@ -663,21 +736,14 @@ impl Runner<'_> {
 
     /// NodeClaim UIDs held by more than one host, with the hosts.
     fn shared_claims(&self) -> Vec<(String, Vec<String>)> {
-        let mut first: HashMap<&str, &str> = HashMap::with_capacity(self.mirror.hosts.len());
-        let mut shared: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        for (name, h) in &self.mirror.hosts {
-            let Some(c) = h.claim() else { continue };
-            if let Some(other) = first.insert(c.uid.as_str(), name.as_str()) {
-                let hosts = shared.entry(c.uid.as_str()).or_default();
-                if hosts.is_empty() {
-                    hosts.push(other.to_string());
-                }
-                hosts.push(name.clone());
-            }
-        }
-        shared
-            .into_iter()
-            .map(|(u, h)| (u.to_string(), h))
+        let index = &self.mirror.host_index;
+        index
+            .shared
+            .iter()
+            .filter_map(|uid| {
+                let hosts = index.holders.get(uid)?;
+                Some((uid.clone(), hosts.iter().cloned().collect()))
+            })
             .collect()
     }
 
@@ -734,12 +800,7 @@ impl Runner<'_> {
     /// Per class: live NodeClaims, those of them no host holds yet, and free hosts. One pass
     /// over claims and hosts for all classes (this runs every step of a 10,000-host day).
     fn demand_census(&self) -> HashMap<String, ClassCensus> {
-        let held: HashSet<&str> = self
-            .mirror
-            .hosts
-            .values()
-            .filter_map(|h| h.claim().map(|c| c.uid.as_str()))
-            .collect();
+        let held = &self.mirror.host_index.holders;
         let mut census: HashMap<&str, ClassCensus> = HashMap::new();
         for c in self.mirror.claims.values() {
             if c.metadata.deletion_timestamp.is_some() {
@@ -749,13 +810,17 @@ impl Runner<'_> {
                 .entry(c.spec.node_class_ref.name.as_str())
                 .or_default();
             counts.live += 1;
-            if c.metadata.uid.as_deref().is_none_or(|u| !held.contains(u)) {
+            if c.metadata
+                .uid
+                .as_deref()
+                .is_none_or(|u| !held.contains_key(u))
+            {
                 counts.unbound += 1;
             }
         }
-        for h in self.mirror.hosts.values() {
-            if h.state() == HostState::Available && h.claim().is_none() && !h.in_maintenance() {
-                census.entry(h.class()).or_default().free += 1;
+        for (class, free) in &self.mirror.host_index.free {
+            if *free > 0 {
+                census.entry(class.as_str()).or_default().free += free;
             }
         }
         census
@@ -1420,4 +1485,59 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         trace,
         timeline,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{HostIndex, Mirror};
+    use crate::api::{ClaimRef, HostState, SSHHost, SSHHostStatus};
+    use crate::sim::SimHost;
+    use crate::sim::world::host_object;
+
+    fn host(name: &str, state: HostState, claim: Option<&str>) -> SSHHost {
+        let mut h = host_object(
+            "pool",
+            name,
+            "small",
+            &SimHost::new("10.0.0.1", 4, 8_000_000),
+        );
+        h.status = Some(SSHHostStatus {
+            state,
+            claim_ref: claim.map(|uid| ClaimRef {
+                name: format!("nc-{uid}"),
+                uid: uid.into(),
+            }),
+            ..Default::default()
+        });
+        h
+    }
+
+    fn free(index: &HostIndex) -> u32 {
+        index.free.get("small").copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn host_index_follows_updates_that_keep_or_move_a_claim() {
+        let mut m = Mirror::default();
+        m.put_host("a".into(), host("a", HostState::Available, None));
+        m.put_host("b".into(), host("b", HostState::Available, None));
+        assert_eq!(free(&m.host_index), 2);
+        m.put_host("a".into(), host("a", HostState::Claimed, Some("u1")));
+        // A status write that keeps the claim must keep the holder (old out, new in).
+        m.put_host("a".into(), host("a", HostState::InUse, Some("u1")));
+        assert_eq!(free(&m.host_index), 1);
+        assert!(m.host_index.holders["u1"].contains("a"));
+        assert!(m.host_index.shared.is_empty());
+        m.put_host("b".into(), host("b", HostState::Claimed, Some("u1")));
+        assert_eq!(
+            m.host_index.shared.iter().collect::<Vec<_>>(),
+            ["u1"],
+            "two hosts, one claim"
+        );
+        m.remove_host("b");
+        assert!(m.host_index.shared.is_empty());
+        m.put_host("a".into(), host("a", HostState::Available, None));
+        assert!(!m.host_index.holders.contains_key("u1"));
+        assert_eq!(free(&m.host_index), 1);
+    }
 }

@@ -388,19 +388,23 @@ pub async fn leave<C: Cluster, T: Transport>(
     .await
 }
 
-/// The Node whose InternalIP is this host's node address. Listing Nodes happens only here, on
-/// the rare zombie path, never per probe.
+/// The Node whose InternalIP is this host's node address, on the zombie path only. The
+/// supervisor's Node watch names the candidates, each read again; when it knows none (a lag,
+/// or no such Node), Nodes are listed.
 async fn node_with_ip<C: Cluster, T: Transport>(
     state: &HostActorState<C, T>,
 ) -> Result<Option<Node>, ClusterError> {
     let ip = state.host.node_address().to_string();
+    let has_ip = |n: &Node| crate::actors::context::internal_ips(n).contains(&ip);
+    for name in state.ctx.node_addresses.named_with_ip(&ip) {
+        if let Some(n) = state.ctx.cluster.get::<Node>(None, &name).await?
+            && has_ip(&n)
+        {
+            return Ok(Some(n));
+        }
+    }
     let nodes: Vec<Node> = state.ctx.cluster.list(None, None).await?;
-    Ok(nodes.into_iter().find(|n| {
-        n.status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP" && a.address == ip))
-    }))
+    Ok(nodes.into_iter().find(|n| has_ip(n)))
 }
 
 /// Delete a Node whose kubelet is known stopped, dropping our termination finalizer first.
