@@ -402,6 +402,13 @@ impl HostView {
         self.read().by_profile.contains_key(profile)
     }
 
+    /// Every host, in name order, with the membership version it was taken at (read under
+    /// the same lock: the same version always means the same hosts in the same order).
+    pub fn snapshot_at(&self) -> (u64, Vec<Arc<SSHHost>>) {
+        let view = self.read();
+        (view.membership, view.hosts.values().cloned().collect())
+    }
+
     /// Every host, in name order.
     pub fn snapshot(&self) -> Vec<Arc<SSHHost>> {
         self.read().hosts.values().cloned().collect()

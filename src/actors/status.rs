@@ -49,18 +49,7 @@ pub async fn write_status_if_changed<C: Cluster>(
     change(&mut new);
     sync_ready_condition(&mut new, host.metadata.generation, clock);
     let changed = new != *old;
-    let stale_stamp = match stamp {
-        ProbeStamp::Keep => false,
-        ProbeStamp::Probed { refresh } => old
-            .last_probe_time
-            .as_ref()
-            // A tenth of slack: probes run every interval *after the last one finished*, so
-            // with a refresh that is a multiple of the interval (15 m and 5 m) the due probe
-            // lands a few milliseconds late, and without slack the one before it would be
-            // the one to write: four writes an hour instead of three.
-            .is_none_or(|t| clock.since(t.0) > refresh + refresh / 10),
-    };
-    if !changed && !stale_stamp {
+    if !changed && !stamp_due(old, stamp, clock) {
         return Ok(None);
     }
     if matches!(stamp, ProbeStamp::Probed { .. }) {
@@ -73,6 +62,38 @@ pub async fn write_status_if_changed<C: Cluster>(
         status: Some(new),
     };
     cluster.replace_status(&updated).await.map(Some)
+}
+
+/// Whether `stamp` asks for `lastProbeTime` to be rewritten even if nothing else changed.
+pub fn stamp_due(old: &SSHHostStatus, stamp: ProbeStamp, clock: &Clock) -> bool {
+    match stamp {
+        ProbeStamp::Keep => false,
+        ProbeStamp::Probed { refresh } => old
+            .last_probe_time
+            .as_ref()
+            // A tenth of slack: probes run every interval *after the last one finished*, so
+            // with a refresh that is a multiple of the interval (15 m and 5 m) the due probe
+            // lands a few milliseconds late, and without slack the one before it would be
+            // the one to write: four writes an hour instead of three.
+            .is_none_or(|t| clock.since(t.0) > refresh + refresh / 10),
+    }
+}
+
+/// Whether the stored Ready condition is exactly what [`sync_ready_condition`] would make of
+/// this status (checked without building one).
+pub fn ready_condition_synced(status: &SSHHostStatus, generation: Option<i64>) -> bool {
+    let (cond_status, reason) = status.state.ready_condition();
+    let Some(c) = status.conditions.iter().find(|c| c.type_ == "Ready") else {
+        return false;
+    };
+    let message_ok = match (status.state, &status.last_probe_error) {
+        (HostState::Unhealthy, Some(err)) => c.message == *err,
+        (state, _) => c.message.strip_prefix("host is ") == Some(state.as_str()),
+    };
+    c.status == cond_status
+        && c.reason == reason
+        && c.observed_generation == generation
+        && message_ok
 }
 
 /// Keep the Ready condition equal to what the state implies; its transition time moves only

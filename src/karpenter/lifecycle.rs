@@ -109,8 +109,12 @@ impl Expiry {
     /// many and young; they are not copied every sweep only to be found not due.
     fn expired(&self, nc: &NodeClaim) -> bool {
         let old = nc.metadata.creation_timestamp.as_ref().is_some_and(|t| {
-            let age = Duration::try_from(self.now.duration_since(t.0)).unwrap_or(Duration::ZERO);
-            age >= self.timeout
+            // Same rule as reconcile's `since(created) >= timeout` (a negative age is zero).
+            self.timeout.is_zero()
+                || jiff::SignedDuration::try_from(self.timeout)
+                    .ok()
+                    .and_then(|d| self.now.checked_sub(d).ok())
+                    .is_some_and(|cutoff| t.0 <= cutoff)
         });
         old && nc.metadata.deletion_timestamp.is_none() && !condition_true(nc, "Registered")
     }
@@ -131,7 +135,7 @@ fn due(
             .nodeclaims
             .iter()
             .filter(|(name, nc)| {
-                moved.contains(*name) || (expiry.expired(nc) && st.node_of(nc).is_none())
+                (expiry.expired(nc) && st.node_of(nc).is_none()) || moved.contains(*name)
             })
             .map(|(_, nc)| nc.clone())
             .collect(),

@@ -9,7 +9,9 @@ use ractor::ActorRef;
 
 use super::{HostActorState, HostMsg, registration};
 use crate::actors::events;
-use crate::actors::status::{ProbeStamp, write_status_if_changed};
+use crate::actors::status::{
+    ProbeStamp, ready_condition_synced, stamp_due, write_status_if_changed,
+};
 use crate::api::{ExecMode, HostState, SSHHost, SSHHostStatus};
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::ssh::{ProbeReport, Transport};
@@ -199,7 +201,13 @@ async fn record_success<C: Cluster, T: Transport>(
     // A kubelet on an unclaimed host: the zombie guard decides the state, not the probe.
     let zombie = report.facts.kubelet_active && unclaimed;
     let stamp = state_stamp(state);
-    write(state, stamp, |s| apply_facts(s, report, generation, zombie)).await?;
+    // The steady probe of an unchanged host: nothing to copy, compare or write.
+    let unchanged = state.host.status.as_ref().is_some_and(|s| {
+        !zombie && facts_recorded(s, report, generation) && !stamp_due(s, stamp, &state.ctx.clock)
+    });
+    if !unchanged {
+        write(state, stamp, |s| apply_facts(s, report, generation, zombie)).await?;
+    }
     report_capacity_drift(state).await;
     if zombie {
         registration::zombie_check(state).await?;
@@ -251,6 +259,25 @@ pub fn apply_facts(
     if matches!(s.state, HostState::Pending | HostState::Unhealthy) {
         s.state = HostState::Available;
     }
+}
+
+/// Whether [`apply_facts`] (not for a zombie) and the Ready condition's sync would leave this
+/// status as it is: the probe saw what is recorded.
+fn facts_recorded(s: &SSHHostStatus, report: &ProbeReport, generation: Option<i64>) -> bool {
+    let capacity_same = s.observed_capacity.as_ref().is_some_and(|c| {
+        c.len() == 2
+            && c.get("cpu")
+                .is_some_and(|q| q.0 == report.facts.cpu.to_string())
+            && c.get("memory")
+                .is_some_and(|q| q.0 == format!("{}Ki", report.facts.memory_kib))
+    });
+    s.host_key_fingerprint.is_some()
+        && capacity_same
+        && s.observed_arch.as_deref() == Some(report.facts.arch.as_str())
+        && s.observed_generation == generation
+        && s.last_probe_error.is_none()
+        && !matches!(s.state, HostState::Pending | HostState::Unhealthy)
+        && ready_condition_synced(s, generation)
 }
 
 async fn record_failure<C: Cluster, T: Transport>(

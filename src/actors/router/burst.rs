@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::choose::Ranking;
+use super::choose::{Offer, Ranking};
 use super::claim::{self, ClaimOutcome, ClaimResult};
-use super::instance_types::{InstanceType, InstanceTypeError, instance_types};
+use super::instance_types::InstanceTypeError;
 use super::{RouterState, claim_ref, holder, launched, reconcile, send};
 use crate::actors::host::HostMsg;
 use crate::api::{ClaimRef, NodeClaim, SSHHost, SSHJoinProfile, SSHNodeClass};
@@ -37,13 +37,13 @@ struct ClassRanking {
     built: jiff::Timestamp,
 }
 
-/// A class's instance types and what they were computed from: the pool's membership version
-/// and the class's resourceVersion. Claims and probes do not move either, so a burst that
-/// ranks the pool again and again computes them once.
-struct CachedTypes {
+/// A class's offer (instance types and member hosts) and what it was computed from: the
+/// pool's membership version and the class's resourceVersion. Claims and probes move
+/// neither, so a burst that ranks the pool again and again computes it once.
+struct CachedOffer {
     membership: u64,
     class_version: Option<String>,
-    types: Vec<InstanceType>,
+    offer: Offer,
 }
 
 struct InFlight {
@@ -72,7 +72,7 @@ pub struct Burst {
     deferred: Vec<String>,
     rankings: BTreeMap<String, ClassRanking>,
     /// Kept when the burst ends: the next burst usually finds the same pool.
-    types: BTreeMap<String, CachedTypes>,
+    offers: BTreeMap<String, CachedOffer>,
 }
 
 impl Burst {
@@ -88,7 +88,7 @@ impl Burst {
             finalized: BTreeSet::new(),
             deferred: vec![],
             rankings: BTreeMap::new(),
-            types: BTreeMap::new(),
+            offers: BTreeMap::new(),
         }
     }
 
@@ -235,11 +235,9 @@ async fn rank<C: Cluster, T: Transport>(
         Some(p) => p.marker(),
         None => format!("{profile_name}@?"),
     };
-    // Read before the snapshot: a change in between makes the next ranking compute again.
-    let membership = state.ctx.hosts.membership_version();
-    let hosts = state.ctx.hosts.snapshot();
-    let ranking = class_types(state, &class, &hosts, membership)
-        .and_then(|types| Ranking::build_with_types(&class, &marker, &hosts, types));
+    let (membership, hosts) = state.ctx.hosts.snapshot_at();
+    let ranking = class_offer(state, &class, &hosts, membership)
+        .and_then(|offer| Ranking::build_from(&class, &marker, &hosts, &offer));
     let built = state.ctx.clock.now();
     state.burst.rankings.insert(
         class_name.to_string(),
@@ -252,32 +250,33 @@ async fn rank<C: Cluster, T: Transport>(
     Ok(Some(true))
 }
 
-/// The class's instance types over `hosts`, from the cache when neither the pool's membership
-/// nor the class moved since they were computed.
-fn class_types<C: Cluster, T: Transport>(
+/// The class's offer over `hosts` (the snapshot taken at `membership`), from the
+/// cache when neither the pool's membership nor the class moved since it was computed: the
+/// same membership means the same hosts in the same order.
+fn class_offer<C: Cluster, T: Transport>(
     state: &mut RouterState<C, T>,
     class: &SSHNodeClass,
     hosts: &[std::sync::Arc<SSHHost>],
     membership: u64,
-) -> Result<Vec<InstanceType>, InstanceTypeError> {
+) -> Result<Offer, InstanceTypeError> {
     let name = class.metadata.name.clone().unwrap_or_default();
     let class_version = class.metadata.resource_version.clone();
-    if let Some(c) = state.burst.types.get(&name)
+    if let Some(c) = state.burst.offers.get(&name)
         && c.membership == membership
         && c.class_version == class_version
     {
-        return Ok(c.types.clone());
+        return Ok(c.offer.clone());
     }
-    let types = instance_types(class, hosts, state.ctx.config.split_mixed_arch)?;
-    state.burst.types.insert(
+    let offer = Offer::of(class, hosts, state.ctx.config.split_mixed_arch)?;
+    state.burst.offers.insert(
         name,
-        CachedTypes {
+        CachedOffer {
             membership,
             class_version,
-            types: types.clone(),
+            offer: offer.clone(),
         },
     );
-    Ok(types)
+    Ok(offer)
 }
 
 /// The next host of the class's ranking for `nc`; `skip_held: false` also offers hosts held

@@ -16,6 +16,33 @@ use super::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
 use crate::karpenter::quantity;
 
+/// What a class offers, apart from which hosts are free: its instance types and its
+/// members (selected, usable hosts with an instance type) as (index in the host list, type).
+/// Both depend only on the pool's membership and the class, not on claims or probes.
+#[derive(Debug, Clone)]
+pub struct Offer {
+    pub types: Vec<InstanceType>,
+    members: Vec<(usize, usize)>,
+}
+
+impl Offer {
+    pub fn of<H: Borrow<SSHHost>>(
+        class: &SSHNodeClass,
+        hosts: &[H],
+        split_mixed_arch: bool,
+    ) -> Result<Self, InstanceTypeError> {
+        let types = instance_types(class, hosts, split_mixed_arch)?;
+        let selector = ClassSelector::of(class)?;
+        let members = hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| selector.matches((*h).borrow()) && usable((*h).borrow()))
+            .filter_map(|(i, h)| Some((i, type_of(&types, h.borrow())?)))
+            .collect();
+        Ok(Offer { types, members })
+    }
+}
+
 /// The claimable hosts of one node class, best first, as they were when it was built.
 pub struct Ranking {
     selector: ClassSelector,
@@ -36,27 +63,30 @@ impl Ranking {
         hosts: &[H],
         split_mixed_arch: bool,
     ) -> Result<Self, InstanceTypeError> {
-        let types = instance_types(class, hosts, split_mixed_arch)?;
-        Self::build_with_types(class, profile_marker, hosts, types)
+        let offer = Offer::of(class, hosts, split_mixed_arch)?;
+        Self::build_from(class, profile_marker, hosts, &offer)
     }
 
-    /// [`Ranking::build`] with the class's instance types already computed over `hosts` (they
-    /// change only with the pool's membership, so a caller may keep them across rankings).
-    pub fn build_with_types<H: Borrow<SSHHost>>(
+    /// [`Ranking::build`] from an [`Offer`] computed over the same `hosts` (it changes only
+    /// with the pool's membership, so a caller may keep it across rankings).
+    pub fn build_from<H: Borrow<SSHHost>>(
         class: &SSHNodeClass,
         profile_marker: &str,
         hosts: &[H],
-        types: Vec<InstanceType>,
+        offer: &Offer,
     ) -> Result<Self, InstanceTypeError> {
         let selector = ClassSelector::of(class)?;
+        let types = offer.types.clone();
         // (price, cold, created, name, type): the sort key, computed once per host.
         let mut ranked: Vec<(f64, bool, Option<jiff::Timestamp>, String, usize)> = vec![];
-        for h in hosts {
-            let h = h.borrow();
-            if !claimable(h) || !selector.matches(h) || !usable(h) {
+        for &(i, ti) in &offer.members {
+            let Some(h) = hosts.get(i).map(Borrow::borrow) else {
+                continue;
+            };
+            if !claimable(h) {
                 continue;
             }
-            let (Some(ti), Some(name)) = (type_of(&types, h), h.metadata.name.clone()) else {
+            let Some(name) = h.metadata.name.clone() else {
                 continue;
             };
             ranked.push((
