@@ -6,8 +6,9 @@
 //! label selectors, ordered watches, and PodDisruptionBudgets on the Eviction API. Everything
 //! is ordered (BTreeMap, sequence-numbered UIDs, injected clock) so that a seed replays exactly.
 
+use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -66,10 +67,37 @@ struct Key {
     name: String,
 }
 
+/// One version of an object on its way to the watchers and the writer: its JSON (shared
+/// with the store) and the typed object decoded from it the first time someone asked, so
+/// that they share one decode (each gets a clone). It lives only as long as the event: the
+/// store keeps JSON alone, not a second, typed copy of every object.
+struct Version {
+    value: Arc<Value>,
+    typed: OnceLock<Arc<dyn Any + Send + Sync>>,
+}
+
+impl Version {
+    fn new(value: &Arc<Value>) -> Arc<Self> {
+        Arc::new(Version {
+            value: value.clone(),
+            typed: OnceLock::new(),
+        })
+    }
+
+    fn decode<K: Object>(&self) -> Result<K, ClusterError> {
+        if let Some(k) = self.typed.get().and_then(|t| t.downcast_ref::<K>()) {
+            return Ok(k.clone());
+        }
+        let k: K = from_value(&self.value)?;
+        let _ = self.typed.set(Arc::new(k.clone()));
+        Ok(k)
+    }
+}
+
 enum RawEvent {
     Restarted(Vec<Arc<Value>>),
-    Applied(Arc<Value>),
-    Deleted(Arc<Value>),
+    Applied(Arc<Version>),
+    Deleted(Arc<Version>),
 }
 
 struct Watcher {
@@ -309,15 +337,24 @@ impl State {
         self.resource_version.to_string()
     }
 
-    fn notify(&mut self, key: &Key, event: impl Fn(Arc<Value>) -> RawEvent, value: &Arc<Value>) {
+    /// Send `value` to the watchers of its kind; the returned version is the one they decode,
+    /// for the writer to share.
+    fn notify(
+        &mut self,
+        key: &Key,
+        event: impl Fn(Arc<Version>) -> RawEvent,
+        value: &Arc<Value>,
+    ) -> Arc<Version> {
+        let version = Version::new(value);
         self.watchers.retain(|w| !w.tx.is_closed());
         for w in &self.watchers {
             let ns_ok = w.namespace.as_deref().is_none_or(|ns| ns == key.namespace);
             if w.api_version == key.api_version && w.kind == key.kind && ns_ok {
                 // A closed receiver is pruned on the next notify.
-                let _ = w.tx.send(event(value.clone()));
+                let _ = w.tx.send(event(version.clone()));
             }
         }
+        version
     }
 
     fn check_fault(
@@ -346,9 +383,9 @@ impl State {
 
     /// Store a new version of an existing object: bump rv (and generation if the spec changed),
     /// drop it when the last finalizer went away during deletion. A no-op write changes nothing.
-    fn commit_update(&mut self, key: &Key, old: &Value, mut new: Value) -> Arc<Value> {
+    fn commit_update(&mut self, key: &Key, old: &Value, mut new: Value) -> Arc<Version> {
         if &new == old {
-            return Arc::new(new);
+            return Version::new(&Arc::new(new));
         }
         let generation = old
             .pointer("/metadata/generation")
@@ -368,18 +405,16 @@ impl State {
         meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
         let new = Arc::new(new);
         self.objects.remove(key);
-        self.notify(key, RawEvent::Deleted, &new);
-        new
+        self.notify(key, RawEvent::Deleted, &new)
     }
 
     /// Store `new` as the next version of an existing object and tell the watchers.
-    fn store(&mut self, key: &Key, mut new: Value) -> Arc<Value> {
+    fn store(&mut self, key: &Key, mut new: Value) -> Arc<Version> {
         let rv = self.next_rv();
         meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
         let new = Arc::new(new);
         self.objects.insert(key.clone(), new.clone());
-        self.notify(key, RawEvent::Applied, &new);
-        new
+        self.notify(key, RawEvent::Applied, &new)
     }
 
     fn remove(&mut self, key: &Key) {
@@ -490,8 +525,7 @@ impl Cluster for MemoryCluster {
         st.stats.creates += 1;
         let value = Arc::new(value);
         st.objects.insert(key.clone(), value.clone());
-        st.notify(&key, RawEvent::Applied, &value);
-        from_value(&value)
+        st.notify(&key, RawEvent::Applied, &value).decode()
     }
 
     async fn replace<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
@@ -522,7 +556,7 @@ impl Cluster for MemoryCluster {
         }
         st.stats.replaces += 1;
         let new = st.commit_update(&key, &stored, incoming);
-        from_value(&new)
+        new.decode()
     }
 
     async fn replace_status<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
@@ -568,7 +602,7 @@ impl Cluster for MemoryCluster {
             new.insert("status".into(), status);
         }
         let new = st.store(&key, Value::Object(new));
-        from_value(&new)
+        new.decode()
     }
 
     async fn patch<K: Object>(
@@ -600,7 +634,7 @@ impl Cluster for MemoryCluster {
         carry_server_meta(&stored, &mut new);
         st.stats.patches += 1;
         let new = st.commit_update(&key, &stored, new);
-        from_value(&new)
+        new.decode()
     }
 
     async fn delete<K: Object>(
@@ -671,8 +705,8 @@ impl Cluster for MemoryCluster {
                     .map(|v| from_value::<K>(v))
                     .collect::<Result<Vec<_>, _>>()
                     .map(WatchEvent::Restarted),
-                RawEvent::Applied(v) => from_value::<K>(&v).map(WatchEvent::Applied),
-                RawEvent::Deleted(v) => from_value::<K>(&v).map(WatchEvent::Deleted),
+                RawEvent::Applied(v) => v.decode::<K>().map(WatchEvent::Applied),
+                RawEvent::Deleted(v) => v.decode::<K>().map(WatchEvent::Deleted),
             })
             .boxed()
     }
