@@ -435,7 +435,72 @@ pub(crate) fn rv(h: &SSHHost) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::ClaimView;
+    use super::{ClaimView, HostView, NodeAddressView};
+    use crate::api::{HostState, SSHHostStatus};
+    use crate::sim::SimHost;
+    use crate::sim::world::host_object;
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
+
+    fn node(name: &str, ips: &[&str]) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.status = Some(NodeStatus {
+            addresses: Some(
+                ips.iter()
+                    .map(|ip| NodeAddress {
+                        type_: "InternalIP".into(),
+                        address: (*ip).into(),
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        n
+    }
+
+    #[test]
+    fn node_addresses_follow_ip_changes_deletions_and_restarts() {
+        let view = NodeAddressView::default();
+        view.upsert(&node("b", &["10.0.0.1"]));
+        view.upsert(&node("a", &["10.0.0.1", "10.0.0.2"]));
+        assert_eq!(view.named_with_ip("10.0.0.1"), ["a", "b"], "name order");
+        // A Node whose address changed is no longer found under the old one.
+        view.upsert(&node("a", &["10.0.0.3"]));
+        assert_eq!(view.named_with_ip("10.0.0.1"), ["b"]);
+        assert!(view.named_with_ip("10.0.0.2").is_empty());
+        view.remove("b");
+        assert!(view.named_with_ip("10.0.0.1").is_empty());
+        view.replace_all(&[node("c", &["10.0.0.3"])]);
+        assert_eq!(
+            view.named_with_ip("10.0.0.3"),
+            ["c"],
+            "a restart replaces all"
+        );
+    }
+
+    #[test]
+    fn profile_use_is_counted_per_install_marker() {
+        let view = HostView::default();
+        let host = |name: &str, rv: u64, marker: Option<&str>| {
+            let mut h = host_object("pool", name, "small", &SimHost::new("10.0.0.1", 2, 1));
+            h.metadata.resource_version = Some(rv.to_string());
+            h.status = Some(SSHHostStatus {
+                state: HostState::Available,
+                installed_profile: marker.map(str::to_string),
+                ..Default::default()
+            });
+            h
+        };
+        view.upsert(host("a", 1, Some("p@1")));
+        view.upsert(host("b", 1, Some("p@2")));
+        assert!(view.profile_in_use("p") && !view.profile_in_use("q"));
+        view.upsert(host("a", 2, Some("q@1")));
+        assert!(view.profile_in_use("p"), "b still has p");
+        view.remove("b");
+        assert!(!view.profile_in_use("p") && view.profile_in_use("q"));
+        view.upsert(host("a", 3, None));
+        assert!(!view.profile_in_use("q"), "marker gone (a leave)");
+    }
 
     #[test]
     fn claim_view_follows_inserts_removals_and_restarts() {

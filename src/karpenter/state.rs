@@ -559,6 +559,56 @@ mod tests {
         Timestamp::UNIX_EPOCH
     }
 
+    fn with_ready(mut n: Node, status: &str) -> Node {
+        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            conditions: Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                type_: "Ready".into(),
+                status: status.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        n
+    }
+
+    #[test]
+    fn repair_candidates_are_the_claims_of_nodes_not_ready() {
+        let mut st = Inner::default();
+        let a = claim("a", 1, Some("p://a"));
+        apply_nodeclaim(&mut st, Change::Upsert(a.clone()), now());
+        apply_node(
+            &mut st,
+            Change::Upsert(with_ready(node("worker-1", 2, "p://a"), "True")),
+            now(),
+        );
+        assert!(!st.maybe_not_ready(&a), "Ready node");
+        apply_node(
+            &mut st,
+            Change::Upsert(with_ready(node("worker-1", 3, "p://a"), "False")),
+            now(),
+        );
+        assert!(st.maybe_not_ready(&a), "found by provider ID");
+        apply_node(
+            &mut st,
+            Change::Upsert(with_ready(node("worker-1", 4, "p://a"), "True")),
+            now(),
+        );
+        assert!(!st.maybe_not_ready(&a), "Ready again");
+        apply_node(
+            &mut st,
+            Change::Upsert(with_ready(node("worker-1", 5, "p://a"), "Unknown")),
+            now(),
+        );
+        apply_node(&mut st, Change::Delete(node("worker-1", 6, "p://a")), now());
+        assert!(!st.maybe_not_ready(&a), "a deleted Node is no candidate");
+        apply_node(
+            &mut st,
+            Change::Reset(vec![with_ready(node("worker-1", 7, "p://a"), "False")]),
+            now(),
+        );
+        assert!(st.maybe_not_ready(&a), "a restart rebuilds the set");
+    }
+
     #[test]
     fn a_node_change_touches_its_claim_by_name_or_provider_id() {
         let mut st = Inner::default();
