@@ -36,10 +36,7 @@ pub fn spawn<C: Cluster, T: Transport>(
             let mut names = state.take_touched_claims();
             names.append(&mut retry);
             let sweep = sweeps.due(tokio::time::Instant::now(), cfg.idle_resync);
-            let expiry = Expiry {
-                now: ctx.clock.now(),
-                timeout: cfg.registration_timeout,
-            };
+            let expiry = Expiry::new(ctx.clock.now(), cfg.registration_timeout);
             for nc in due(&state, &names, sweep, expiry) {
                 if let Err(e) = reconcile(&ctx, &state, &cfg, &nc).await {
                     tracing::debug!(nodeclaim = ?nc.metadata.name, error = %e, "lifecycle retry");
@@ -96,26 +93,39 @@ impl Sweeps {
     }
 }
 
-/// When an unregistered NodeClaim is due for deletion.
+/// When an unregistered NodeClaim is due for deletion: created at or before `cutoff`
+/// (`None`: a zero timeout, every claim is due).
 #[derive(Debug, Clone, Copy)]
 struct Expiry {
-    now: jiff::Timestamp,
-    timeout: Duration,
+    cutoff: Option<jiff::Timestamp>,
 }
 
 impl Expiry {
+    fn new(now: jiff::Timestamp, timeout: Duration) -> Self {
+        // Same rule as reconcile's `since(created) >= timeout` (a negative age is zero). A
+        // timeout too large to subtract makes nothing due.
+        let cutoff = if timeout.is_zero() {
+            None
+        } else {
+            Some(
+                jiff::SignedDuration::try_from(timeout)
+                    .ok()
+                    .and_then(|d| now.checked_sub(d).ok())
+                    .unwrap_or(jiff::Timestamp::MIN),
+            )
+        };
+        Expiry { cutoff }
+    }
+
     /// Whether [`reconcile`] would delete this claim if it had no Node: not being deleted,
     /// never Registered, older than the timeout. Claims waiting for a host in a burst are
     /// many and young; they are not copied every sweep only to be found not due.
     fn expired(&self, nc: &NodeClaim) -> bool {
-        let old = nc.metadata.creation_timestamp.as_ref().is_some_and(|t| {
-            // Same rule as reconcile's `since(created) >= timeout` (a negative age is zero).
-            self.timeout.is_zero()
-                || jiff::SignedDuration::try_from(self.timeout)
-                    .ok()
-                    .and_then(|d| self.now.checked_sub(d).ok())
-                    .is_some_and(|cutoff| t.0 <= cutoff)
-        });
+        let old = nc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| self.cutoff.is_none_or(|c| t.0 <= c));
         old && nc.metadata.deletion_timestamp.is_none() && !condition_true(nc, "Registered")
     }
 }

@@ -533,6 +533,10 @@ struct Runner<'a> {
     nodeclaims_created: u64,
     p2r: Vec<f64>,
     p2r_done: BTreeSet<String>,
+    /// Nodes seen and not yet in `p2r_done`: the only ones `account` looks at for it.
+    p2r_pending: BTreeSet<String>,
+    /// Host (index in `infos`) of each Node, by Node name: what the cost is summed over.
+    attached: BTreeMap<String, usize>,
     attached_vcpu_s: f64,
     cost_s: f64,
     timeline: Timeline,
@@ -615,6 +619,12 @@ impl Runner<'_> {
                 WatchEvent::Restarted(all) => {
                     self.mirror.nodes =
                         all.into_iter().map(|c| (name_of(&c.metadata), c)).collect();
+                    self.attached.clear();
+                    self.p2r_pending.clear();
+                    let names: Vec<String> = self.mirror.nodes.keys().cloned().collect();
+                    for n in names {
+                        self.track_node(&n);
+                    }
                 }
                 WatchEvent::Applied(c) => {
                     let n = name_of(&c.metadata);
@@ -623,12 +633,14 @@ impl Runner<'_> {
                         rv_of(&c.metadata),
                         format!("A Node {n} deleting={deleting}"),
                     ));
-                    self.mirror.nodes.insert(n, c);
+                    self.mirror.nodes.insert(n.clone(), c);
+                    self.track_node(&n);
                 }
                 WatchEvent::Deleted(c) => {
                     let n = name_of(&c.metadata);
                     items.push((rv_of(&c.metadata), format!("D Node {n}")));
                     self.mirror.nodes.remove(&n);
+                    self.track_node(&n);
                 }
             }
         }
@@ -1074,39 +1086,62 @@ impl Runner<'_> {
     }
 
     /// Billing, latency samples and the report's pool sample.
+    /// Keep the Node's entries in `attached` (the host it runs on) and `p2r_pending` as the
+    /// mirror now has it (or no longer has it).
+    fn track_node(&mut self, name: &str) {
+        let Some(node) = self.mirror.nodes.get(name) else {
+            self.attached.remove(name);
+            self.p2r_pending.remove(name);
+            return;
+        };
+        let by_provider = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .and_then(|p| p.rsplit_once('/'))
+            .and_then(|(_, h)| self.by_name.get(h));
+        let by_ip = || {
+            node.status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .and_then(|a| a.first())
+                .and_then(|a| self.by_addr.get(&a.address))
+        };
+        match by_provider.or_else(by_ip).copied() {
+            Some(i) => self.attached.insert(name.to_string(), i),
+            None => self.attached.remove(name),
+        };
+        if !self.p2r_done.contains(name) {
+            self.p2r_pending.insert(name.to_string());
+        }
+    }
+
     fn account(&mut self, now: Duration, dt: Duration) {
         let mut vcpu = 0.0;
         let mut cost = 0.0;
-        for (name, node) in &self.mirror.nodes {
-            let by_provider = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_deref())
-                .and_then(|p| p.rsplit_once('/'))
-                .and_then(|(_, h)| self.by_name.get(h));
-            let by_ip = || {
-                node.status
-                    .as_ref()
-                    .and_then(|s| s.addresses.as_ref())
-                    .and_then(|a| a.first())
-                    .and_then(|a| self.by_addr.get(&a.address))
-            };
-            if let Some(i) = by_provider.or_else(by_ip) {
-                let info = &self.infos[*i];
-                vcpu += f64::from(info.cpu);
-                cost += f64::from(info.cpu) * info.price;
-            }
-            if !self.p2r_done.contains(name)
-                && let Some(nc) = self.mirror.claims.get(name)
+        // In Node name order, as the sums always were.
+        for i in self.attached.values() {
+            let info = &self.infos[*i];
+            vcpu += f64::from(info.cpu);
+            cost += f64::from(info.cpu) * info.price;
+        }
+        let mut done = vec![];
+        for name in &self.p2r_pending {
+            if let Some(nc) = self.mirror.claims.get(name)
+                && let Some(node) = self.mirror.nodes.get(name)
                 && let (Some(a), Some(b)) = (
                     nc.metadata.creation_timestamp.as_ref(),
                     node.metadata.creation_timestamp.as_ref(),
                 )
             {
-                self.p2r_done.insert(name.clone());
+                done.push(name.clone());
                 let secs = b.0.duration_since(a.0).as_secs_f64();
                 self.p2r.push(secs.max(0.0));
             }
+        }
+        for name in done {
+            self.p2r_pending.remove(&name);
+            self.p2r_done.insert(name);
         }
         self.attached_vcpu_s += vcpu * dt.as_secs_f64();
         self.cost_s += cost * dt.as_secs_f64();
@@ -1364,6 +1399,8 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         nodeclaims_created: 0,
         p2r: vec![],
         p2r_done: BTreeSet::new(),
+        p2r_pending: BTreeSet::new(),
+        attached: BTreeMap::new(),
         attached_vcpu_s: 0.0,
         cost_s: 0.0,
         timeline,
