@@ -244,9 +244,9 @@ struct ViewInner {
 }
 
 /// Nothing a node class's selection or instance types read changed: labels (selector and
-/// class), usability, arch and capacity. Probes and claims leave all of them alone.
+/// class), arch and capacity, hence usability too (it is read from those). Probes and claims
+/// leave all of them alone.
 fn same_offering(old: &SSHHost, new: &SSHHost) -> bool {
-    use crate::actors::router::instance_types::usable;
     fn arch(h: &SSHHost) -> Option<&String> {
         h.status.as_ref()?.observed_arch.as_ref()
     }
@@ -259,7 +259,6 @@ fn same_offering(old: &SSHHost, new: &SSHHost) -> bool {
         && old.spec.capacity == new.spec.capacity
         && arch(old) == arch(new)
         && observed(old) == observed(new)
-        && usable(old) == usable(new)
 }
 
 /// The SSHJoinProfile an install marker (`name@version`) names.

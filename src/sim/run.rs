@@ -965,8 +965,11 @@ impl Runner<'_> {
         let (by_addr, infos) = (&self.by_addr, &self.infos);
         let running: Vec<usize> = self.world.transport.filter_map(|h| {
             let clean = h.reachable && h.handshake_delay.is_zero() && !h.leave_in_flight;
+            if !(clean && h.kubelet_running()) {
+                return None;
+            }
             let i = *by_addr.get(&h.address)?;
-            (clean && h.kubelet_running() && h.fingerprint == infos[i].fingerprint).then_some(i)
+            (h.fingerprint == infos[i].fingerprint).then_some(i)
         });
         if !self.checks.zombie_since.is_empty() {
             let running_names: HashSet<&str> = running

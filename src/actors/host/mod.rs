@@ -58,8 +58,9 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     pub name: String,
     /// Latest version seen (watch or own write); every write is a CAS against it.
     pub host: std::sync::Arc<SSHHost>,
-    /// A CapacityDrift event was emitted for the current episode.
-    pub drift_reported: bool,
+    /// A CapacityDrift event was emitted for the current episode (`None`: no probe has
+    /// judged drift since this actor started).
+    pub drift_reported: Option<bool>,
     pub probe_timer: Option<JoinHandle<()>>,
     /// Consecutive failed probes, for backoff.
     pub failures: u32,
@@ -159,7 +160,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             ctx,
             name,
             host,
-            drift_reported: false,
+            drift_reported: None,
             probe_timer: None,
             failures: 0,
             myself,

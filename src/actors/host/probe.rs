@@ -208,7 +208,10 @@ async fn record_success<C: Cluster, T: Transport>(
     if !unchanged {
         write(state, stamp, |s| apply_facts(s, report, generation, zombie)).await?;
     }
-    report_capacity_drift(state).await;
+    // Capacity and generation as they were: the drift verdict is the one already known.
+    if !unchanged || state.drift_reported.is_none() {
+        report_capacity_drift(state).await;
+    }
     if zombie {
         registration::zombie_check(state).await?;
     }
@@ -322,7 +325,7 @@ async fn record_failure<C: Cluster, T: Transport>(
 /// S6: one warning per episode of observed capacity below the declared one.
 async fn report_capacity_drift<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>) {
     let drifted = capacity_below_spec(&state.host);
-    if drifted && !state.drift_reported {
+    if drifted && state.drift_reported != Some(true) {
         let msg = format!(
             "observed capacity {:?} is below spec.capacity {:?}",
             observed_summary(&state.host),
@@ -337,7 +340,7 @@ async fn report_capacity_drift<C: Cluster, T: Transport>(state: &mut HostActorSt
         )
         .await;
     }
-    state.drift_reported = drifted;
+    state.drift_reported = Some(drifted);
 }
 
 /// Observed cpu or memory below the declared value.
