@@ -92,6 +92,22 @@ impl Version {
         let _ = self.typed.set(Arc::new(k.clone()));
         Ok(k)
     }
+
+    /// [`Version::decode`] for a holder that may be the last: then it takes the shared decode
+    /// (or decodes) without a copy, since nobody else will ask.
+    fn into_decoded<K: Object>(self: Arc<Self>) -> Result<K, ClusterError> {
+        let version = match Arc::try_unwrap(self) {
+            Ok(version) => version,
+            Err(shared) => return shared.decode(),
+        };
+        let Some(typed) = version.typed.into_inner() else {
+            return from_value(&version.value);
+        };
+        match typed.downcast::<K>() {
+            Ok(k) => Ok(Arc::unwrap_or_clone(k)),
+            Err(_) => from_value(&version.value),
+        }
+    }
 }
 
 enum RawEvent {
@@ -453,9 +469,27 @@ fn carry_server_meta(stored: &Value, incoming: &mut Value) {
 }
 
 fn check_rv(incoming: &Value, stored: &Value) -> bool {
-    match meta_str(incoming, "resourceVersion") {
+    rv_matches(meta_str(incoming, "resourceVersion"), stored)
+}
+
+/// An incoming resourceVersion (none or empty: unconditional) against the stored one.
+fn rv_matches(incoming: Option<&str>, stored: &Value) -> bool {
+    match incoming {
         None | Some("") => true,
         Some(rv) => Some(rv) == meta_str(stored, "resourceVersion"),
+    }
+}
+
+/// The status a status write brings: its field alone when the kind serialises as a struct
+/// (all Kubernetes kinds do), else taken from the whole serialised object.
+fn incoming_status<K: Object>(obj: &K) -> Result<Option<Value>, ClusterError> {
+    use super::status_field::{StatusField, status_of};
+    match status_of(obj).map_err(|e| decode_err::<K>(obj_name(obj), e))? {
+        StatusField::Found(status) => Ok(status),
+        StatusField::Unsupported => {
+            let mut whole = to_value(obj)?;
+            Ok(whole.as_object_mut().and_then(|m| m.remove("status")))
+        }
     }
 }
 
@@ -560,7 +594,7 @@ impl Cluster for MemoryCluster {
     }
 
     async fn replace_status<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
-        let incoming = to_value(obj)?;
+        let status = incoming_status(obj)?;
         let mut st = self.lock();
         let m = obj.meta();
         let key = Self::key::<K>(
@@ -575,7 +609,7 @@ impl Cluster for MemoryCluster {
                 key: display,
             });
         };
-        if !check_rv(&incoming, &stored) {
+        if !rv_matches(m.resource_version.as_deref(), &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
         st.stats.status_writes += 1;
@@ -583,8 +617,6 @@ impl Cluster for MemoryCluster {
             .status_writes_by_kind
             .entry(key.kind.clone())
             .or_default() += 1;
-        let mut incoming = incoming;
-        let status = incoming.as_object_mut().and_then(|m| m.remove("status"));
         if stored.get("status") == status.as_ref() {
             // A write that changes nothing keeps its resourceVersion, as on a real API server.
             return from_value(&stored);
@@ -705,8 +737,8 @@ impl Cluster for MemoryCluster {
                     .map(|v| from_value::<K>(v))
                     .collect::<Result<Vec<_>, _>>()
                     .map(WatchEvent::Restarted),
-                RawEvent::Applied(v) => v.decode::<K>().map(WatchEvent::Applied),
-                RawEvent::Deleted(v) => v.decode::<K>().map(WatchEvent::Deleted),
+                RawEvent::Applied(v) => v.into_decoded::<K>().map(WatchEvent::Applied),
+                RawEvent::Deleted(v) => v.into_decoded::<K>().map(WatchEvent::Deleted),
             })
             .boxed()
     }

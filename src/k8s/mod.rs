@@ -7,6 +7,7 @@ pub mod finalizers;
 pub mod kube_cluster;
 pub mod leader;
 pub mod memory;
+mod status_field;
 
 pub use cluster::{
     Cluster, DeleteOutcome, EventRecord, EventType, EvictOutcome, Object, ObjectRef, Precondition,

@@ -141,14 +141,20 @@ fn due(
     let st = state.read();
     match sweep {
         Sweep::All => st.nodeclaims.values().cloned().collect(),
-        Sweep::Unregistered => st
-            .nodeclaims
-            .iter()
-            .filter(|(name, nc)| {
-                (expiry.expired(nc) && st.node_of(nc).is_none()) || moved.contains(*name)
-            })
-            .map(|(_, nc)| nc.clone())
-            .collect(),
+        Sweep::Unregistered => {
+            // In name order, as a pass over all claims would take them.
+            let mut names: BTreeSet<&String> = (st.unregistered_claims().iter())
+                .filter(|n| {
+                    (st.nodeclaims.get(*n))
+                        .is_some_and(|nc| expiry.expired(nc) && st.node_of(nc).is_none())
+                })
+                .collect();
+            names.extend(moved);
+            names
+                .into_iter()
+                .filter_map(|n| st.nodeclaims.get(n).cloned())
+                .collect()
+        }
         Sweep::None => moved
             .iter()
             .filter_map(|name| st.nodeclaims.get(name).cloned())

@@ -49,6 +49,9 @@ pub struct Inner {
     /// NodeClaims being deleted or marked for disruption and not yet drained: termination's
     /// work list, kept here so that it does not scan every claim every tick.
     terminating: BTreeSet<String>,
+    /// NodeClaims not being deleted and not Registered: the only ones the registration
+    /// timeout can delete, so its sweep does not look at every registered claim.
+    unregistered: BTreeSet<String>,
     /// NodeClaim name by `status.providerID`, to map a Node change to its claim.
     claims_by_provider: BTreeMap<String, String>,
     /// Kinds whose first list arrived.
@@ -99,6 +102,11 @@ impl Inner {
         self.nodes_by_provider
             .get(pid)
             .and_then(|name| self.nodes.get(name))
+    }
+
+    /// Names of NodeClaims neither being deleted nor Registered (see `unregistered`).
+    pub fn unregistered_claims(&self) -> &BTreeSet<String> {
+        &self.unregistered
     }
 
     /// Whether the NodeClaim's Node may be one whose Ready condition is not True: a cheap
@@ -199,7 +207,7 @@ impl ClusterState {
             index_claim(&mut st, &nc);
             st.touched_claims.insert(name.clone());
             st.nodeclaims.insert(name.clone(), nc);
-            track_terminating(&mut st, &name);
+            track_claim(&mut st, &name);
         }
     }
 
@@ -354,27 +362,39 @@ fn apply_nodeclaim(st: &mut Inner, c: Change<NodeClaim>, _: Timestamp) {
     };
     apply_named(&mut st.nodeclaims, c, NodeClaim::is_ours);
     match changed {
-        Some(name) => track_terminating(st, &name),
+        Some(name) => track_claim(st, &name),
         None => {
             let all: Vec<String> = st.nodeclaims.keys().cloned().collect();
             st.terminating.clear();
+            st.unregistered.clear();
             for name in all {
-                track_terminating(st, &name);
+                track_claim(st, &name);
             }
         }
     }
 }
 
-/// Keep `name` in the termination work list exactly while it has termination work.
-fn track_terminating(st: &mut Inner, name: &str) {
-    let work = st.nodeclaims.get(name).is_some_and(|nc| {
+/// Keep `name` in the termination work list exactly while it has termination work, and in
+/// the unregistered set exactly while it is neither being deleted nor Registered.
+fn track_claim(st: &mut Inner, name: &str) {
+    let nc = st.nodeclaims.get(name);
+    let work = nc.is_some_and(|nc| {
         (nc.metadata.deletion_timestamp.is_some() || super::termination::is_marked(nc))
             && !super::termination::is_drained(nc)
     });
-    if work {
-        st.terminating.insert(name.to_string());
-    } else {
-        st.terminating.remove(name);
+    let unregistered = nc.is_some_and(|nc| {
+        nc.metadata.deletion_timestamp.is_none()
+            && !super::lifecycle::condition_true(nc, "Registered")
+    });
+    keep(&mut st.terminating, name, work);
+    keep(&mut st.unregistered, name, unregistered);
+}
+
+fn keep(set: &mut BTreeSet<String>, name: &str, member: bool) {
+    if !member {
+        set.remove(name);
+    } else if !set.contains(name) {
+        set.insert(name.to_string());
     }
 }
 
@@ -663,6 +683,39 @@ mod tests {
         apply_nodeclaim(&mut st, Change::Delete(claim("a", 3, Some("p://2"))), now());
         assert!(st.claims_by_provider.is_empty());
         assert!(st.touched_claims.lifecycle.contains("a"));
+    }
+
+    #[test]
+    fn unregistered_set_follows_registration_and_deletion() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let mut st = Inner::default();
+        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, None)), now());
+        apply_nodeclaim(&mut st, Change::Upsert(claim("b", 2, None)), now());
+        let both = BTreeSet::from(["a".to_string(), "b".to_string()]);
+        assert_eq!(st.unregistered_claims(), &both);
+        let mut registered = claim("a", 3, Some("ssh://h1"));
+        if let Some(s) = registered.status.as_mut() {
+            s.conditions.push(Condition {
+                type_: "Registered".into(),
+                status: "True".into(),
+                last_transition_time: Time(now()),
+                message: String::new(),
+                observed_generation: None,
+                reason: "Registered".into(),
+            });
+        }
+        apply_nodeclaim(&mut st, Change::Upsert(registered), now());
+        assert_eq!(st.unregistered_claims(), &BTreeSet::from(["b".to_string()]));
+        let mut deleting = claim("b", 4, None);
+        deleting.metadata.deletion_timestamp = Some(Time(now()));
+        apply_nodeclaim(&mut st, Change::Upsert(deleting), now());
+        assert!(
+            st.unregistered_claims().is_empty(),
+            "being deleted: not due"
+        );
+        // A re-list rebuilds the set from what it holds.
+        apply_nodeclaim(&mut st, Change::Reset(vec![claim("c", 5, None)]), now());
+        assert_eq!(st.unregistered_claims(), &BTreeSet::from(["c".to_string()]));
     }
 
     #[test]

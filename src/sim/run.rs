@@ -308,6 +308,8 @@ struct Mirror {
     /// What the per-step checks ask of all hosts, kept as hosts change.
     host_index: HostIndex,
     claims: BTreeMap<String, NodeClaim>,
+    /// Name of each mirrored NodeClaim, by UID.
+    claim_names: HashMap<String, String>,
     nodes: BTreeMap<String, Node>,
     tokens: BTreeMap<String, KubeSecret>,
 }
@@ -321,6 +323,10 @@ struct HostIndex {
     shared: BTreeSet<String>,
     /// Claimable hosts (Available, unclaimed, not in maintenance) per class.
     free: HashMap<String, u32>,
+    /// The claim (name, UID) each host carries.
+    claim_of: HashMap<String, (String, String)>,
+    /// Host names by the bootstrap token ID their status records.
+    token_holders: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl HostIndex {
@@ -335,6 +341,14 @@ impl HostIndex {
             if names.len() > 1 {
                 self.shared.insert(c.uid.clone());
             }
+            self.claim_of
+                .insert(name.to_string(), (c.name.clone(), c.uid.clone()));
+        }
+        if let Some(id) = token_id(h) {
+            self.token_holders
+                .entry(id.to_string())
+                .or_default()
+                .insert(name.to_string());
         }
         if Self::free_of(h) {
             *self.free.entry(h.class().to_string()).or_default() += 1;
@@ -353,12 +367,25 @@ impl HostIndex {
                 self.holders.remove(&c.uid);
             }
         }
+        self.claim_of.remove(name);
+        if let Some(id) = token_id(h)
+            && let Some(names) = self.token_holders.get_mut(id)
+        {
+            names.remove(name);
+            if names.is_empty() {
+                self.token_holders.remove(id);
+            }
+        }
         if Self::free_of(h)
             && let Some(n) = self.free.get_mut(h.class())
         {
             *n = n.saturating_sub(1);
         }
     }
+}
+
+fn token_id(h: &SSHHost) -> Option<&str> {
+    h.status.as_ref()?.bootstrap_token_id.as_deref()
 }
 
 impl Mirror {
@@ -383,6 +410,51 @@ impl Mirror {
         if let Some(old) = self.hosts.remove(name) {
             self.host_index.drop_host(name, &old);
         }
+    }
+
+    fn reset_claims(&mut self, all: Vec<NodeClaim>) {
+        self.claims = all.into_iter().map(|c| (name_of(&c.metadata), c)).collect();
+        self.claim_names = self
+            .claims
+            .iter()
+            .filter_map(|(n, c)| Some((c.metadata.uid.clone()?, n.clone())))
+            .collect();
+    }
+
+    fn put_claim(&mut self, name: String, c: NodeClaim) {
+        if let Some(uid) = &c.metadata.uid {
+            self.claim_names.insert(uid.clone(), name.clone());
+        }
+        if let Some(old) = self.claims.insert(name, c)
+            && let Some(uid) = &old.metadata.uid
+        {
+            self.forget_uid_unless_current(uid);
+        }
+    }
+
+    fn remove_claim(&mut self, name: &str) {
+        if let Some(old) = self.claims.remove(name)
+            && let Some(uid) = &old.metadata.uid
+        {
+            self.forget_uid_unless_current(uid);
+        }
+    }
+
+    /// Drop `uid` from the index unless a mirrored claim still carries it.
+    fn forget_uid_unless_current(&mut self, uid: &str) {
+        let current = self
+            .claim_names
+            .get(uid)
+            .and_then(|n| self.claims.get(n))
+            .is_some_and(|c| c.metadata.uid.as_deref() == Some(uid));
+        if !current {
+            self.claim_names.remove(uid);
+        }
+    }
+
+    /// Whether the claim `(name, uid)` is the mirrored NodeClaim of that name.
+    fn claim_live(&self, name: &str, uid: &str) -> bool {
+        self.claim_names.get(uid).is_some_and(|n| n == name)
     }
 }
 
@@ -515,8 +587,8 @@ struct Runner<'a> {
     seed: u64,
     rng: ChaCha8Rng,
     infos: Vec<HostInfo>,
-    by_name: BTreeMap<String, usize>,
-    by_addr: BTreeMap<String, usize>,
+    by_name: HashMap<String, usize>,
+    by_addr: HashMap<String, usize>,
     watches: Watches,
     mirror: Mirror,
     checks: Checks,
@@ -592,10 +664,7 @@ impl Runner<'_> {
         }
         for ev in drain(&mut self.watches.claims) {
             match ev {
-                WatchEvent::Restarted(all) => {
-                    self.mirror.claims =
-                        all.into_iter().map(|c| (name_of(&c.metadata), c)).collect();
-                }
+                WatchEvent::Restarted(all) => self.mirror.reset_claims(all),
                 WatchEvent::Applied(c) => {
                     let n = name_of(&c.metadata);
                     items.push((
@@ -605,12 +674,12 @@ impl Runner<'_> {
                     for cond in c.status.iter().flat_map(|s| s.conditions.iter()) {
                         texts.push((format!("NodeClaim {n} condition"), cond.message.clone()));
                     }
-                    self.mirror.claims.insert(n, c);
+                    self.mirror.put_claim(n, c);
                 }
                 WatchEvent::Deleted(c) => {
                     let n = name_of(&c.metadata);
                     items.push((rv_of(&c.metadata), format!("D NodeClaim {n}")));
-                    self.mirror.claims.remove(&n);
+                    self.mirror.remove_claim(&n);
                 }
             }
         }
@@ -982,13 +1051,8 @@ impl Runner<'_> {
         }
         for i in running {
             let name = &self.infos[i].name;
-            let h = self.mirror.hosts.get(name);
-            let claim_live = h.and_then(|h| h.claim()).is_some_and(|c| {
-                self.mirror
-                    .claims
-                    .get(&c.name)
-                    .is_some_and(|nc| nc.metadata.uid.as_deref() == Some(c.uid.as_str()))
-            });
+            let claim_live = (self.mirror.host_index.claim_of.get(name))
+                .is_some_and(|(claim, uid)| self.mirror.claim_live(claim, uid));
             if claim_live {
                 self.checks.zombie_since.remove(name);
                 continue;
@@ -1000,6 +1064,7 @@ impl Runner<'_> {
                 .get(name)
                 .map_or(since, |d| (*d).max(since));
             if now.saturating_sub(from) > 2 * probe + slack {
+                let h = self.mirror.hosts.get(name);
                 self.checks.violate(
                     "zombie-lifetime",
                     &format!("{name}@{}", since.as_secs()),
@@ -1016,24 +1081,15 @@ impl Runner<'_> {
         // or stale claim.
         let tokens: Vec<String> = self.mirror.tokens.keys().cloned().collect();
         let mut owed_now = BTreeSet::new();
-        // Token ID → the host recording it, built once per check (not a scan per token).
-        let recorded: BTreeMap<String, &SSHHost> = if tokens.is_empty() {
-            BTreeMap::new()
-        } else {
-            self.mirror
-                .hosts
-                .values()
-                .filter_map(|h| {
-                    let id = h.status.as_ref()?.bootstrap_token_id.clone()?;
-                    Some((id, h))
-                })
-                .collect()
-        };
         for t in tokens {
             let Some(id) = t.strip_prefix("bootstrap-token-") else {
                 continue;
             };
-            let holder = recorded.get(id).copied();
+            // Of several hosts recording one ID, the last by name (as a map built in name
+            // order would keep).
+            let holder = (self.mirror.host_index.token_holders.get(id))
+                .and_then(|names| names.last())
+                .and_then(|n| self.mirror.hosts.get(n));
             let owed = match holder {
                 None => Some("no host records it"),
                 Some(h) => match h.claim() {
