@@ -1585,8 +1585,10 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::{HostIndex, Mirror};
-    use crate::api::{ClaimRef, HostState, SSHHost, SSHHostStatus};
+    use crate::api::{ClaimRef, HostState, NodeClaim, SSHHost, SSHHostStatus};
     use crate::sim::SimHost;
     use crate::sim::world::host_object;
 
@@ -1635,5 +1637,40 @@ mod tests {
         m.put_host("a".into(), host("a", HostState::Available, None));
         assert!(!m.host_index.holders.contains_key("u1"));
         assert_eq!(free(&m.host_index), 1);
+    }
+
+    fn claim(name: &str, uid: &str) -> NodeClaim {
+        let mut nc = NodeClaim::new(name, Default::default());
+        nc.metadata.uid = Some(uid.into());
+        nc
+    }
+
+    /// The zombie check's question (is this host's claim the live NodeClaim of that name?)
+    /// and the token check's (which host records this token ID?) follow every event.
+    #[test]
+    fn claim_and_token_indexes_follow_host_and_claim_events() {
+        let mut m = Mirror::default();
+        let mut a = host("a", HostState::Claimed, Some("u1"));
+        if let Some(s) = a.status.as_mut() {
+            s.bootstrap_token_id = Some("tok1".into());
+        }
+        m.put_host("a".into(), a);
+        assert_eq!(m.host_index.claim_of["a"], ("nc-u1".into(), "u1".into()));
+        assert!(!m.claim_live("nc-u1", "u1"), "no such NodeClaim yet");
+        m.put_claim("nc-u1".into(), claim("nc-u1", "u1"));
+        assert!(m.claim_live("nc-u1", "u1"));
+        // Recreated under the same name: the old UID is no longer live.
+        m.put_claim("nc-u1".into(), claim("nc-u1", "u2"));
+        assert!(!m.claim_live("nc-u1", "u1"));
+        assert!(m.claim_live("nc-u1", "u2"));
+        m.remove_claim("nc-u1");
+        assert!(!m.claim_live("nc-u1", "u2"));
+        m.reset_claims(vec![claim("nc-u1", "u1")]);
+        assert!(m.claim_live("nc-u1", "u1"));
+        let holders = |m: &Mirror| m.host_index.token_holders.get("tok1").cloned();
+        assert_eq!(holders(&m), Some(BTreeSet::from(["a".to_string()])));
+        m.put_host("a".into(), host("a", HostState::Available, None));
+        assert!(!m.host_index.claim_of.contains_key("a"));
+        assert_eq!(holders(&m), None, "the token ID left the host's status");
     }
 }
