@@ -69,7 +69,8 @@ struct Key {
 
 /// One version of an object on its way to the watchers and the writer: its JSON (shared
 /// with the store) and the typed object decoded from it the first time someone asked, so
-/// that they share one decode (each gets a clone). It lives only as long as the event: the
+/// that they share one decode (each gets a clone, the last holder takes it). It lives only
+/// as long as the event: the
 /// store keeps JSON alone, not a second, typed copy of every object.
 struct Version {
     value: Arc<Value>,

@@ -117,16 +117,13 @@ impl Expiry {
         Expiry { cutoff }
     }
 
-    /// Whether [`reconcile`] would delete this claim if it had no Node: not being deleted,
-    /// never Registered, older than the timeout. Claims waiting for a host in a burst are
-    /// many and young; they are not copied every sweep only to be found not due.
+    /// Whether a claim of the unregistered set (not being deleted, never Registered) is older
+    /// than the timeout, so that [`reconcile`] would delete it if it had no Node. Claims
+    /// waiting for a host in a burst are many and young; they are not copied every sweep
+    /// only to be found not due.
     fn expired(&self, nc: &NodeClaim) -> bool {
-        let old = nc
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .is_some_and(|t| self.cutoff.is_none_or(|c| t.0 <= c));
-        old && nc.metadata.deletion_timestamp.is_none() && !condition_true(nc, "Registered")
+        (nc.metadata.creation_timestamp.as_ref())
+            .is_some_and(|t| self.cutoff.is_none_or(|c| t.0 <= c))
     }
 }
 

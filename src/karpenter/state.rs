@@ -596,36 +596,17 @@ mod tests {
         let mut st = Inner::default();
         let a = claim("a", 1, Some("p://a"));
         apply_nodeclaim(&mut st, Change::Upsert(a.clone()), now());
-        apply_node(
-            &mut st,
-            Change::Upsert(with_ready(node("worker-1", 2, "p://a"), "True")),
-            now(),
-        );
+        let worker = |rv: u64, ready: &str| with_ready(node("worker-1", rv, "p://a"), ready);
+        apply_node(&mut st, Change::Upsert(worker(2, "True")), now());
         assert!(!st.maybe_not_ready(&a), "Ready node");
-        apply_node(
-            &mut st,
-            Change::Upsert(with_ready(node("worker-1", 3, "p://a"), "False")),
-            now(),
-        );
+        apply_node(&mut st, Change::Upsert(worker(3, "False")), now());
         assert!(st.maybe_not_ready(&a), "found by provider ID");
-        apply_node(
-            &mut st,
-            Change::Upsert(with_ready(node("worker-1", 4, "p://a"), "True")),
-            now(),
-        );
+        apply_node(&mut st, Change::Upsert(worker(4, "True")), now());
         assert!(!st.maybe_not_ready(&a), "Ready again");
-        apply_node(
-            &mut st,
-            Change::Upsert(with_ready(node("worker-1", 5, "p://a"), "Unknown")),
-            now(),
-        );
+        apply_node(&mut st, Change::Upsert(worker(5, "Unknown")), now());
         apply_node(&mut st, Change::Delete(node("worker-1", 6, "p://a")), now());
         assert!(!st.maybe_not_ready(&a), "a deleted Node is no candidate");
-        apply_node(
-            &mut st,
-            Change::Reset(vec![with_ready(node("worker-1", 7, "p://a"), "False")]),
-            now(),
-        );
+        apply_node(&mut st, Change::Reset(vec![worker(7, "False")]), now());
         assert!(st.maybe_not_ready(&a), "a restart rebuilds the set");
     }
 
