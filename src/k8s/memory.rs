@@ -8,12 +8,13 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{Selector, SelectorExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
@@ -67,54 +68,75 @@ struct Key {
     name: String,
 }
 
-/// One version of an object on its way to the watchers and the writer: its JSON (shared
-/// with the store) and the typed object decoded from it the first time someone asked, so
-/// that they share one decode (each gets a clone, the last holder takes it). It lives only
-/// as long as the event: the
-/// store keeps JSON alone, not a second, typed copy of every object.
-struct Version {
-    value: Arc<Value>,
-    typed: OnceLock<Arc<dyn Any + Send + Sync>>,
+/// A stored object of any kind: the typed value its last write produced, decoded from the
+/// JSON that write made (so a read is a clone, not a parse, and equals what decoding the
+/// stored JSON would give). Rare writes (create, replace, patch, delete) still work on JSON,
+/// with the API server's merge and generation rules; the hot status write swaps the status
+/// of the typed object (`status_replaced`).
+trait Stored: Any + Send + Sync {
+    /// The object as the API would serve it (with apiVersion and kind).
+    fn json(&self) -> Result<Value, ClusterError>;
+    fn meta(&self) -> &ObjectMeta;
+    /// A copy at another resourceVersion (a deletion's last event).
+    fn at_rv(&self, rv: String) -> Shared;
 }
 
-impl Version {
-    fn new(value: &Arc<Value>) -> Arc<Self> {
-        Arc::new(Version {
-            value: value.clone(),
-            typed: OnceLock::new(),
-        })
+type Shared = Arc<dyn Stored>;
+
+impl<K: Object> Stored for K {
+    fn json(&self) -> Result<Value, ClusterError> {
+        to_value(self)
     }
 
-    fn decode<K: Object>(&self) -> Result<K, ClusterError> {
-        if let Some(k) = self.typed.get().and_then(|t| t.downcast_ref::<K>()) {
-            return Ok(k.clone());
-        }
-        let k: K = from_value(&self.value)?;
-        let _ = self.typed.set(Arc::new(k.clone()));
-        Ok(k)
+    fn meta(&self) -> &ObjectMeta {
+        kube::Resource::meta(self)
     }
 
-    /// [`Version::decode`] for a holder that may be the last: then it takes the shared decode
-    /// (or decodes) without a copy, since nobody else will ask.
-    fn into_decoded<K: Object>(self: Arc<Self>) -> Result<K, ClusterError> {
-        let version = match Arc::try_unwrap(self) {
-            Ok(version) => version,
-            Err(shared) => return shared.decode(),
-        };
-        let Some(typed) = version.typed.into_inner() else {
-            return from_value(&version.value);
-        };
-        match typed.downcast::<K>() {
-            Ok(k) => Ok(Arc::unwrap_or_clone(k)),
-            Err(_) => from_value(&version.value),
-        }
+    fn at_rv(&self, rv: String) -> Shared {
+        let mut copy = self.clone();
+        copy.meta_mut().resource_version = Some(rv);
+        Arc::new(copy)
+    }
+}
+
+/// Decode JSON on its way into the store.
+fn shared_from<K: Object>(v: &Value) -> Result<Shared, ClusterError> {
+    Ok(Arc::new(from_value::<K>(v)?))
+}
+
+/// A stored object read as `K`: a clone, or a decode of its JSON when it was stored as
+/// another type of the same kind.
+fn read<K: Object>(stored: &Shared) -> Result<K, ClusterError> {
+    let any: &dyn Any = &**stored;
+    match any.downcast_ref::<K>() {
+        Some(k) => Ok(k.clone()),
+        None => from_value(&stored.json()?),
+    }
+}
+
+/// [`read`] for a holder that may be the last (a deletion's watcher): it takes the object
+/// without a copy.
+fn take<K: Object>(stored: Shared) -> Result<K, ClusterError> {
+    let any: &dyn Any = &*stored;
+    if !any.is::<K>() {
+        return from_value(&stored.json()?);
+    }
+    let any: Arc<dyn Any + Send + Sync> = stored;
+    match any.downcast::<K>() {
+        Ok(k) => Ok(Arc::unwrap_or_clone(k)),
+        // Checked just above; an error rather than a panic all the same.
+        Err(_) => Err(ClusterError::Decode {
+            kind: kind_of::<K>(),
+            key: String::new(),
+            message: "stored object changed type".into(),
+        }),
     }
 }
 
 enum RawEvent {
-    Restarted(Vec<Arc<Value>>),
-    Applied(Arc<Version>),
-    Deleted(Arc<Version>),
+    Restarted(Vec<Shared>),
+    Applied(Shared),
+    Deleted(Shared),
 }
 
 struct Watcher {
@@ -130,7 +152,7 @@ struct State {
     uid_seq: u64,
     /// Stored objects, shared with the watchers they are sent to: a write stores and sends
     /// one copy.
-    objects: BTreeMap<Key, Arc<Value>>,
+    objects: BTreeMap<Key, Shared>,
     watchers: Vec<Watcher>,
     events: Vec<EventRecord>,
     /// Events forgotten from the front (`forget_events_before`): indices stay absolute.
@@ -271,17 +293,6 @@ fn unreachable_meta() -> ! {
     panic!("kubernetes object did not serialize to a JSON object")
 }
 
-fn labels_of(v: &Value) -> BTreeMap<String, String> {
-    v.pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn finalizers_empty(v: &Value) -> bool {
     v.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
@@ -336,7 +347,7 @@ impl State {
     fn of_kind<'a, K: Object>(
         &'a self,
         ns: Option<&'a str>,
-    ) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> + 'a {
+    ) -> impl Iterator<Item = (&'a Key, &'a Shared)> + 'a {
         let start = Key {
             api_version: K::api_version(&()).into_owned(),
             kind: K::kind(&()).into_owned(),
@@ -354,24 +365,16 @@ impl State {
         self.resource_version.to_string()
     }
 
-    /// Send `value` to the watchers of its kind; the returned version is the one they decode,
-    /// for the writer to share.
-    fn notify(
-        &mut self,
-        key: &Key,
-        event: impl Fn(Arc<Version>) -> RawEvent,
-        value: &Arc<Value>,
-    ) -> Arc<Version> {
-        let version = Version::new(value);
+    /// Send `value` to the watchers of its kind.
+    fn notify(&mut self, key: &Key, event: impl Fn(Shared) -> RawEvent, value: &Shared) {
         self.watchers.retain(|w| !w.tx.is_closed());
         for w in &self.watchers {
             let ns_ok = w.namespace.as_deref().is_none_or(|ns| ns == key.namespace);
             if w.api_version == key.api_version && w.kind == key.kind && ns_ok {
                 // A closed receiver is pruned on the next notify.
-                let _ = w.tx.send(event(version.clone()));
+                let _ = w.tx.send(event(value.clone()));
             }
         }
-        version
     }
 
     fn check_fault(
@@ -400,9 +403,14 @@ impl State {
 
     /// Store a new version of an existing object: bump rv (and generation if the spec changed),
     /// drop it when the last finalizer went away during deletion. A no-op write changes nothing.
-    fn commit_update(&mut self, key: &Key, old: &Value, mut new: Value) -> Arc<Version> {
+    fn commit_update<K: Object>(
+        &mut self,
+        key: &Key,
+        old: &Value,
+        mut new: Value,
+    ) -> Result<Shared, ClusterError> {
         if &new == old {
-            return Version::new(&Arc::new(new));
+            return shared_from::<K>(&new);
         }
         let generation = old
             .pointer("/metadata/generation")
@@ -416,30 +424,36 @@ impl State {
         meta_mut(&mut new).insert("generation".into(), json!(generation));
         let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
         if !(deleting && finalizers_empty(&new)) {
-            return self.store(key, new);
+            return self.store::<K>(key, new);
         }
         let rv = self.next_rv();
         meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
-        let new = Arc::new(new);
+        let new = shared_from::<K>(&new)?;
         self.objects.remove(key);
-        self.notify(key, RawEvent::Deleted, &new)
+        self.notify(key, RawEvent::Deleted, &new);
+        Ok(new)
     }
 
     /// Store `new` as the next version of an existing object and tell the watchers.
-    fn store(&mut self, key: &Key, mut new: Value) -> Arc<Version> {
+    fn store<K: Object>(&mut self, key: &Key, mut new: Value) -> Result<Shared, ClusterError> {
         let rv = self.next_rv();
         meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
-        let new = Arc::new(new);
+        let new = shared_from::<K>(&new)?;
+        Ok(self.store_typed(key, new))
+    }
+
+    /// Store an object whose resourceVersion is already the next one.
+    fn store_typed(&mut self, key: &Key, new: Shared) -> Shared {
         self.objects.insert(key.clone(), new.clone());
-        self.notify(key, RawEvent::Applied, &new)
+        self.notify(key, RawEvent::Applied, &new);
+        new
     }
 
     fn remove(&mut self, key: &Key) {
         if let Some(old) = self.objects.remove(key) {
-            let mut old = Arc::unwrap_or_clone(old);
             let rv = self.next_rv();
-            meta_mut(&mut old).insert("resourceVersion".into(), json!(rv));
-            self.notify(key, RawEvent::Deleted, &Arc::new(old));
+            let gone = old.at_rv(rv);
+            self.notify(key, RawEvent::Deleted, &gone);
         }
     }
 }
@@ -469,16 +483,16 @@ fn carry_server_meta(stored: &Value, incoming: &mut Value) {
     }
 }
 
-fn check_rv(incoming: &Value, stored: &Value) -> bool {
-    rv_matches(meta_str(incoming, "resourceVersion"), stored)
-}
-
 /// An incoming resourceVersion (none or empty: unconditional) against the stored one.
-fn rv_matches(incoming: Option<&str>, stored: &Value) -> bool {
+fn rv_matches(incoming: Option<&str>, stored: &Shared) -> bool {
     match incoming {
         None | Some("") => true,
-        Some(rv) => Some(rv) == meta_str(stored, "resourceVersion"),
+        Some(rv) => Some(rv) == stored.meta().resource_version.as_deref(),
     }
+}
+
+fn no_finalizers(meta: &ObjectMeta) -> bool {
+    meta.finalizers.as_ref().is_none_or(Vec::is_empty)
 }
 
 /// The status a status write brings: its field alone when the kind serialises as a struct
@@ -494,6 +508,68 @@ fn incoming_status<K: Object>(obj: &K) -> Result<Option<Value>, ClusterError> {
     }
 }
 
+/// What a status write makes of the stored object.
+enum StatusWrite<K> {
+    /// The status is the stored one: nothing to write.
+    Same,
+    /// The stored object with the new status, its resourceVersion still the old one.
+    Changed(K),
+}
+
+/// The stored object with `status` (serialised) in place of its own, for the kinds whose
+/// status type is known here: the new status is decoded from its JSON, exactly as a read
+/// of the stored object would decode it, and nothing else is re-encoded. `None` for other
+/// kinds, which take the JSON path.
+fn status_replaced<K: Object>(
+    stored: &Shared,
+    status: &Option<Value>,
+) -> Option<Result<StatusWrite<K>, ClusterError>> {
+    use crate::api::{NodeClaim, NodePool, SSHHost, SSHNodeClass};
+    use k8s_openapi::api::core::v1::Node;
+    macro_rules! try_kinds {
+        ($($kind:ty),*) => {$(
+            if let Some(found) = swap_status::<K, $kind, _>(stored, status, |o| &mut o.status) {
+                return Some(found);
+            }
+        )*};
+    }
+    try_kinds!(SSHHost, NodeClaim, NodePool, SSHNodeClass, Node, Pod);
+    None
+}
+
+/// [`status_replaced`] for one kind `T` (when `K` is `T` and the stored object is a `T`).
+fn swap_status<K: Object, T: Object, S>(
+    stored: &Shared,
+    status: &Option<Value>,
+    field: impl Fn(&mut T) -> &mut Option<S>,
+) -> Option<Result<StatusWrite<K>, ClusterError>>
+where
+    S: serde::de::DeserializeOwned + PartialEq,
+{
+    let any: &dyn Any = &**stored;
+    let current = any.downcast_ref::<T>()?;
+    if std::any::TypeId::of::<K>() != std::any::TypeId::of::<T>() {
+        return None;
+    }
+    let decoded = match status {
+        None | Some(Value::Null) => None,
+        Some(v) => match S::deserialize(v) {
+            Ok(s) => Some(s),
+            Err(e) => return Some(Err(decode_err::<T>(obj_name(current), e))),
+        },
+    };
+    let mut new = current.clone();
+    let slot = field(&mut new);
+    if *slot == decoded {
+        return Some(Ok(StatusWrite::Same));
+    }
+    *slot = decoded;
+    // K is T (checked above): move it across without a copy.
+    let mut moved: Option<T> = Some(new);
+    let as_k = (&mut moved as &mut dyn Any).downcast_mut::<Option<K>>()?.take()?;
+    Some(Ok(StatusWrite::Changed(as_k)))
+}
+
 impl Cluster for MemoryCluster {
     async fn get<K: Object>(
         &self,
@@ -503,7 +579,7 @@ impl Cluster for MemoryCluster {
         let st = self.lock();
         st.objects
             .get(&Self::key::<K>(ns, name))
-            .map(|v| from_value::<K>(v))
+            .map(read::<K>)
             .transpose()
     }
 
@@ -514,9 +590,12 @@ impl Cluster for MemoryCluster {
     ) -> Result<Vec<K>, ClusterError> {
         let mut st = self.lock();
         st.stats.lists += 1;
+        let no_labels = BTreeMap::new();
         st.of_kind::<K>(ns)
-            .filter(|(_, v)| selector.is_none_or(|s| s.matches(&labels_of(v))))
-            .map(|(_, v)| from_value::<K>(v))
+            .filter(|(_, v)| {
+                selector.is_none_or(|s| s.matches(v.meta().labels.as_ref().unwrap_or(&no_labels)))
+            })
+            .map(|(_, v)| read::<K>(v))
             .collect()
     }
 
@@ -557,10 +636,9 @@ impl Cluster for MemoryCluster {
         meta.insert("generation".into(), json!(1));
         meta.insert("creationTimestamp".into(), json!(now));
         meta.remove("deletionTimestamp");
+        let created = shared_from::<K>(&value)?;
         st.stats.creates += 1;
-        let value = Arc::new(value);
-        st.objects.insert(key.clone(), value.clone());
-        st.notify(&key, RawEvent::Applied, &value).decode()
+        read(&st.store_typed(&key, created))
     }
 
     async fn replace<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
@@ -579,9 +657,10 @@ impl Cluster for MemoryCluster {
                 key: display,
             });
         };
-        if !check_rv(&incoming, &stored) {
+        if !rv_matches(meta_str(&incoming, "resourceVersion"), &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
+        let stored = stored.json()?;
         carry_server_meta(&stored, &mut incoming);
         if let Some(map) = incoming.as_object_mut() {
             match stored.get("status") {
@@ -590,8 +669,8 @@ impl Cluster for MemoryCluster {
             };
         }
         st.stats.replaces += 1;
-        let new = st.commit_update(&key, &stored, incoming);
-        new.decode()
+        let new = st.commit_update::<K>(&key, &stored, incoming)?;
+        read(&new)
     }
 
     async fn replace_status<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
@@ -618,13 +697,21 @@ impl Cluster for MemoryCluster {
             .status_writes_by_kind
             .entry(key.kind.clone())
             .or_default() += 1;
+        // Spec and metadata stay the stored ones (the status subresource ignores them), so
+        // the generation stays and only the resourceVersion moves. A write that changes
+        // nothing keeps its resourceVersion, as on a real API server.
+        if let Some(write) = status_replaced::<K>(&stored, &status) {
+            let mut new = match write? {
+                StatusWrite::Same => return read(&stored),
+                StatusWrite::Changed(new) => new,
+            };
+            new.meta_mut().resource_version = Some(st.next_rv());
+            return read(&st.store_typed(&key, Arc::new(new)));
+        }
+        let stored = stored.json()?;
         if stored.get("status") == status.as_ref() {
-            // A write that changes nothing keeps its resourceVersion, as on a real API server.
             return from_value(&stored);
         }
-        // Spec and metadata stay the stored ones (the status subresource ignores them), so
-        // the generation stays and only the resourceVersion moves; the old status is not
-        // copied only to be replaced.
         let mut new = Map::new();
         if let Some(map) = stored.as_object() {
             for (k, v) in map.iter().filter(|(k, _)| k.as_str() != "status") {
@@ -634,8 +721,7 @@ impl Cluster for MemoryCluster {
         if let Some(status) = status {
             new.insert("status".into(), status);
         }
-        let new = st.store(&key, Value::Object(new));
-        new.decode()
+        read(&st.store::<K>(&key, Value::Object(new))?)
     }
 
     async fn patch<K: Object>(
@@ -654,10 +740,11 @@ impl Cluster for MemoryCluster {
                 key: display,
             });
         };
-        if !check_rv(patch, &stored) {
+        if !rv_matches(meta_str(patch, "resourceVersion"), &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
-        let mut new = Value::clone(&stored);
+        let stored = stored.json()?;
+        let mut new = stored.clone();
         let mut patch = patch.clone();
         if let Some(p) = patch.as_object_mut() {
             // Status only changes through the status path.
@@ -666,8 +753,8 @@ impl Cluster for MemoryCluster {
         merge_patch(&mut new, &patch);
         carry_server_meta(&stored, &mut new);
         st.stats.patches += 1;
-        let new = st.commit_update(&key, &stored, new);
-        new.decode()
+        let new = st.commit_update::<K>(&key, &stored, new)?;
+        read(&new)
     }
 
     async fn delete<K: Object>(
@@ -685,32 +772,29 @@ impl Cluster for MemoryCluster {
             return Ok(DeleteOutcome::NotFound);
         };
         if let Some(p) = precondition {
-            let uid_ok = p
-                .uid
-                .as_deref()
-                .is_none_or(|u| Some(u) == meta_str(&stored, "uid"));
+            let meta = stored.meta();
+            let uid_ok = p.uid.as_deref().is_none_or(|u| Some(u) == meta.uid.as_deref());
             let rv_ok = p
                 .resource_version
                 .as_deref()
-                .is_none_or(|rv| Some(rv) == meta_str(&stored, "resourceVersion"));
+                .is_none_or(|rv| Some(rv) == meta.resource_version.as_deref());
             if !uid_ok || !rv_ok {
                 return Err(st.conflict(&key.kind, &display));
             }
         }
         st.stats.deletes += 1;
-        if finalizers_empty(&stored) {
+        if no_finalizers(stored.meta()) {
             st.remove(&key);
             return Ok(DeleteOutcome::Deleted);
         }
-        if stored.pointer("/metadata/deletionTimestamp").is_none() {
-            let mut new = Value::clone(&stored);
+        if stored.meta().deletion_timestamp.is_none() {
+            let mut new = stored.json()?;
             meta_mut(&mut new).insert("deletionTimestamp".into(), json!(now));
             // Setting deletionTimestamp is not a spec change: keep the generation.
             let rv = st.next_rv();
             meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
-            let new = Arc::new(new);
-            st.objects.insert(key.clone(), new.clone());
-            st.notify(&key, RawEvent::Applied, &new);
+            let new = shared_from::<K>(&new)?;
+            st.store_typed(&key, new);
         }
         Ok(DeleteOutcome::Terminating)
     }
@@ -721,7 +805,7 @@ impl Cluster for MemoryCluster {
             let mut st = self.lock();
             let api_version = K::api_version(&()).into_owned();
             let kind = K::kind(&()).into_owned();
-            let snapshot: Vec<Arc<Value>> = st.of_kind::<K>(ns).map(|(_, v)| v.clone()).collect();
+            let snapshot: Vec<Shared> = st.of_kind::<K>(ns).map(|(_, v)| v.clone()).collect();
             // Sent under the lock so no change slips between snapshot and subscription.
             let _ = tx.send(RawEvent::Restarted(snapshot));
             st.watchers.push(Watcher {
@@ -735,11 +819,11 @@ impl Cluster for MemoryCluster {
             .map(|raw| match raw {
                 RawEvent::Restarted(vs) => vs
                     .iter()
-                    .map(|v| from_value::<K>(v))
+                    .map(read::<K>)
                     .collect::<Result<Vec<_>, _>>()
                     .map(WatchEvent::Restarted),
-                RawEvent::Applied(v) => v.into_decoded::<K>().map(WatchEvent::Applied),
-                RawEvent::Deleted(v) => v.into_decoded::<K>().map(WatchEvent::Deleted),
+                RawEvent::Applied(v) => take::<K>(v).map(WatchEvent::Applied),
+                RawEvent::Deleted(v) => take::<K>(v).map(WatchEvent::Deleted),
             })
             .boxed()
     }
@@ -837,6 +921,68 @@ mod tests {
         let d = json!({"metadata": {}, "spec": {"x": 1}, "data": {}});
         assert!(!same_spec(&a, &d));
         assert!(!same_spec(&d, &a));
+    }
+
+    /// The typed status write (SSHHost) and the JSON one (a kind it does not list) store what
+    /// decoding the written JSON gives: times to the second, as a real API server keeps them;
+    /// a write of the stored status keeps the resourceVersion; watchers see the new version.
+    #[tokio::test]
+    async fn status_writes_store_what_the_json_decodes_to() {
+        use crate::api::{HostState, SSHHost, SSHHostStatus};
+        use k8s_openapi::api::core::v1::{Namespace, NamespaceStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let clock = Clock::simulated(jiff::Timestamp::UNIX_EPOCH);
+        let cluster = MemoryCluster::new(clock);
+        let sim = crate::sim::SimHost::new("10.9.0.1", 2, 4_000_000);
+        let host = cluster
+            .create(&crate::sim::world::host_object("pool", "h", "small", &sim))
+            .await
+            .expect("create");
+        let mut watch = cluster.watch::<SSHHost>(None);
+        let subsecond = jiff::Timestamp::new(1_000, 700_000_000).expect("timestamp");
+        let mut written = host.clone();
+        written.status = Some(SSHHostStatus {
+            state: HostState::Available,
+            last_probe_time: Some(Time(subsecond)),
+            ..Default::default()
+        });
+        let stored = cluster.replace_status(&written).await.expect("status write");
+        let stamp = stored.status.as_ref().and_then(|s| s.last_probe_time.clone());
+        assert_eq!(stamp, Some(Time(jiff::Timestamp::from_second(1_000).expect("ts"))));
+        assert_ne!(stored.metadata.resource_version, host.metadata.resource_version);
+        assert_eq!(stored.spec, host.spec);
+        let read: Option<SSHHost> = cluster.get(Some("pool"), "h").await.expect("get");
+        let json = |h: &SSHHost| serde_json::to_value(h).expect("json");
+        assert_eq!(read.as_ref().map(json), Some(json(&stored)));
+        let again = cluster.replace_status(&stored).await.expect("same status");
+        assert_eq!(again.metadata.resource_version, stored.metadata.resource_version);
+        let mut seen = vec![];
+        while let Some(Some(ev)) = futures::FutureExt::now_or_never(watch.next()) {
+            seen.push(ev.expect("event"));
+        }
+        assert_eq!(seen.len(), 2, "the snapshot and one status change: {seen:?}");
+        match &seen[1] {
+            WatchEvent::Applied(h) => assert_eq!(json(h), json(&stored)),
+            other => panic!("expected the status change, got {other:?}"),
+        }
+
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some("n".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut ns = cluster.create(&ns).await.expect("namespace");
+        ns.status = Some(NamespaceStatus {
+            phase: Some("Active".into()),
+            ..Default::default()
+        });
+        let written = cluster.replace_status(&ns).await.expect("namespace status");
+        assert_eq!(written.status, ns.status);
+        assert_ne!(written.metadata.resource_version, ns.metadata.resource_version);
+        let again = cluster.replace_status(&written).await.expect("same status");
+        assert_eq!(again.metadata.resource_version, written.metadata.resource_version);
     }
 
     #[tokio::test]
