@@ -316,14 +316,15 @@ impl HostView {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn upsert(&self, host: SSHHost) {
+    pub fn upsert(&self, host: impl Into<Arc<SSHHost>>) {
+        let host = host.into();
         let name = host.metadata.name.clone().unwrap_or_default();
         let mut view = self.write();
         // Never go back in time: a stale event must not overwrite a newer write we saw. The
         // same resourceVersion is the same object: nothing to do.
         let newer = view.hosts.get(&name).is_none_or(|old| rv(old) < rv(&host));
         if newer {
-            view.insert(Arc::new(host));
+            view.insert(host);
             view.version += 1;
         }
     }
@@ -331,18 +332,18 @@ impl HostView {
     /// Like [`HostView::upsert`], and returns the copy the view holds for this version so that
     /// a host's actor keeps the same allocation instead of a second one (~4 KiB per host).
     /// An object older than the view's is returned as it is, unshared.
-    pub fn share(&self, host: SSHHost) -> Arc<SSHHost> {
+    pub fn share(&self, host: impl Into<Arc<SSHHost>>) -> Arc<SSHHost> {
+        let host = host.into();
         let name = host.metadata.name.clone().unwrap_or_default();
         let mut view = self.write();
         match view.hosts.get(&name) {
             Some(old) if rv(old) == rv(&host) => return old.clone(),
-            Some(old) if rv(old) > rv(&host) => return Arc::new(host),
+            Some(old) if rv(old) > rv(&host) => return host,
             _ => {}
         }
-        let shared = Arc::new(host);
-        view.insert(shared.clone());
+        view.insert(host.clone());
         view.version += 1;
-        shared
+        host
     }
 
     pub fn remove(&self, name: &str) {
@@ -352,7 +353,7 @@ impl HostView {
         view.membership += 1;
     }
 
-    pub fn replace_all(&self, hosts: Vec<SSHHost>) {
+    pub fn replace_all(&self, hosts: Vec<Arc<SSHHost>>) {
         let mut view = self.write();
         let version = view.version + 1;
         let membership = view.membership + 1;
@@ -360,7 +361,7 @@ impl HostView {
         view.version = version;
         view.membership = membership;
         for h in hosts {
-            view.insert(Arc::new(h));
+            view.insert(h);
         }
     }
 

@@ -31,18 +31,19 @@ pub async fn write_status<C: Cluster>(
 ) -> Result<SSHHost, ClusterError> {
     Ok(write_status_if_changed(cluster, clock, host, stamp, change)
         .await?
-        .unwrap_or_else(|| host.clone()))
+        .map_or_else(|| host.clone(), std::sync::Arc::unwrap_or_clone))
 }
 
 /// [`write_status`], returning `None` when nothing needed writing: the steady probe's path,
-/// where copying the whole host only to hand it back would be most of the work.
+/// where copying the whole host only to hand it back would be most of the work. The written
+/// host comes back shared with the watchers (no copy per consumer in memory).
 pub async fn write_status_if_changed<C: Cluster>(
     cluster: &C,
     clock: &Clock,
     host: &SSHHost,
     stamp: ProbeStamp,
     change: impl FnOnce(&mut SSHHostStatus),
-) -> Result<Option<SSHHost>, ClusterError> {
+) -> Result<Option<std::sync::Arc<SSHHost>>, ClusterError> {
     let empty = SSHHostStatus::default();
     let old = host.status.as_ref().unwrap_or(&empty);
     let mut new = old.clone();
@@ -61,7 +62,7 @@ pub async fn write_status_if_changed<C: Cluster>(
         spec: host.spec.clone(),
         status: Some(new),
     };
-    cluster.replace_status(&updated).await.map(Some)
+    cluster.replace_status_shared(&updated).await.map(Some)
 }
 
 /// Whether `stamp` asks for `lastProbeTime` to be rewritten even if nothing else changed.

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -17,7 +18,7 @@ use crate::ssh::Transport;
 
 #[derive(Debug)]
 pub enum SupervisorMsg {
-    Host(Box<WatchEvent<SSHHost>>),
+    Host(Box<WatchEvent<Arc<SSHHost>>>),
     Node(Box<WatchEvent<Node>>),
     /// Deliver a message to a host's actor (used by the router).
     ToHost(String, HostMsg),
@@ -56,7 +57,7 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
     ) -> Result<Self::State, ActorProcessingErr> {
         let ns = ctx.pool_ns().to_string();
         let hosts = forward(
-            ctx.cluster.watch::<SSHHost>(Some(&ns)),
+            ctx.cluster.watch_shared::<SSHHost>(Some(&ns)),
             myself.clone(),
             |e| SupervisorMsg::Host(Box::new(e)),
         );
@@ -119,7 +120,7 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
             state.actors.remove(&name);
             tracing::error!(host = %name, error = %err, "host actor failed; restarting from API state");
             if let Some(host) = state.ctx.hosts.get(&name) {
-                spawn_host(&myself, state, host).await;
+                spawn_host(&myself, state, Arc::new(host)).await;
             }
         }
         Ok(())
@@ -148,7 +149,7 @@ fn forward<K: Send + 'static>(
 async fn on_host_event<C: Cluster, T: Transport>(
     myself: &ActorRef<SupervisorMsg>,
     state: &mut SupervisorState<C, T>,
-    ev: WatchEvent<SSHHost>,
+    ev: WatchEvent<Arc<SSHHost>>,
 ) {
     match ev {
         WatchEvent::Restarted(hosts) => {
@@ -185,12 +186,12 @@ async fn on_host_event<C: Cluster, T: Transport>(
 async fn upsert_host<C: Cluster, T: Transport>(
     myself: &ActorRef<SupervisorMsg>,
     state: &mut SupervisorState<C, T>,
-    host: SSHHost,
+    host: Arc<SSHHost>,
 ) {
     let name = host.metadata.name.clone().unwrap_or_default();
     match state.actors.get(&name) {
         Some(a) => {
-            if a.send_message(HostMsg::Observed(Box::new(host))).is_ok() {
+            if a.send_message(HostMsg::Observed(host)).is_ok() {
                 state.ctx.metrics.mailbox_in("host");
             }
         }
@@ -201,7 +202,7 @@ async fn upsert_host<C: Cluster, T: Transport>(
 async fn spawn_host<C: Cluster, T: Transport>(
     myself: &ActorRef<SupervisorMsg>,
     state: &mut SupervisorState<C, T>,
-    host: SSHHost,
+    host: Arc<SSHHost>,
 ) {
     let name = host.metadata.name.clone().unwrap_or_default();
     let args = (state.ctx.clone(), host);

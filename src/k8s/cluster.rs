@@ -3,7 +3,9 @@
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::sync::Arc;
 
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use kube::core::Selector;
 use serde::Serialize;
@@ -47,6 +49,17 @@ pub enum WatchEvent<K> {
     Applied(K),
     /// Gone from the API (finalizers done).
     Deleted(K),
+}
+
+impl<K> WatchEvent<K> {
+    /// The same event with its objects behind `Arc`s.
+    pub fn shared(self) -> WatchEvent<Arc<K>> {
+        match self {
+            WatchEvent::Restarted(all) => WatchEvent::Restarted(all.into_iter().map(Arc::new).collect()),
+            WatchEvent::Applied(k) => WatchEvent::Applied(Arc::new(k)),
+            WatchEvent::Deleted(k) => WatchEvent::Deleted(Arc::new(k)),
+        }
+    }
 }
 
 pub type WatchStream<K> = BoxStream<'static, Result<WatchEvent<K>, ClusterError>>;
@@ -167,6 +180,24 @@ pub trait Cluster: Clone + Send + Sync + 'static {
 
     /// Ordered events: first `Restarted` with the current set, then every change.
     fn watch<K: Object>(&self, ns: Option<&str>) -> WatchStream<K>;
+
+    /// [`Cluster::watch`] with each object behind an `Arc`, for consumers that keep what they
+    /// see: an in-memory cluster hands every watcher the stored object itself instead of a
+    /// copy each.
+    fn watch_shared<K: Object>(&self, ns: Option<&str>) -> WatchStream<Arc<K>> {
+        self.watch::<K>(ns)
+            .map(|ev| ev.map(WatchEvent::shared))
+            .boxed()
+    }
+
+    /// [`Cluster::replace_status`] returning the stored object behind an `Arc` (shared with
+    /// the watchers by an in-memory cluster).
+    fn replace_status_shared<K: Object>(
+        &self,
+        obj: &K,
+    ) -> impl Future<Output = Result<Arc<K>, ClusterError>> + Send {
+        async move { self.replace_status(obj).await.map(Arc::new) }
+    }
 
     /// Through the Eviction API: PodDisruptionBudgets can refuse with `TooManyRequests`.
     fn evict(

@@ -114,23 +114,24 @@ fn read<K: Object>(stored: &Shared) -> Result<K, ClusterError> {
     }
 }
 
+/// A stored object as `Arc<K>`: the stored allocation itself when it is a `K`.
+fn share<K: Object>(stored: Shared) -> Result<Arc<K>, ClusterError> {
+    let any: &dyn Any = &*stored;
+    if !any.is::<K>() {
+        return from_value(&stored.json()?).map(Arc::new);
+    }
+    let any: Arc<dyn Any + Send + Sync> = stored;
+    any.downcast::<K>().map_err(|_| ClusterError::Decode {
+        kind: kind_of::<K>(),
+        key: String::new(),
+        message: "stored object changed type".into(),
+    })
+}
+
 /// [`read`] for a holder that may be the last (a deletion's watcher): it takes the object
 /// without a copy.
 fn take<K: Object>(stored: Shared) -> Result<K, ClusterError> {
-    let any: &dyn Any = &*stored;
-    if !any.is::<K>() {
-        return from_value(&stored.json()?);
-    }
-    let any: Arc<dyn Any + Send + Sync> = stored;
-    match any.downcast::<K>() {
-        Ok(k) => Ok(Arc::unwrap_or_clone(k)),
-        // Checked just above; an error rather than a panic all the same.
-        Err(_) => Err(ClusterError::Decode {
-            kind: kind_of::<K>(),
-            key: String::new(),
-            message: "stored object changed type".into(),
-        }),
-    }
+    share::<K>(stored).map(Arc::unwrap_or_clone)
 }
 
 enum RawEvent {
@@ -217,6 +218,74 @@ impl MemoryCluster {
             namespace: ns.unwrap_or_default().to_string(),
             name: name.to_string(),
         }
+    }
+
+    /// The status write: the stored object after it (the same one when nothing changed).
+    fn write_status<K: Object>(&self, obj: &K) -> Result<Shared, ClusterError> {
+        let status = incoming_status(obj)?;
+        let mut st = self.lock();
+        let m = obj.meta();
+        let key = Self::key::<K>(
+            m.namespace.as_deref(),
+            m.name.as_deref().unwrap_or_default(),
+        );
+        let display = obj_name(obj);
+        st.check_fault(WriteKind::ReplaceStatus, &key.kind, &display)?;
+        let Some(stored) = st.objects.get(&key).cloned() else {
+            return Err(ClusterError::NotFound {
+                kind: key.kind,
+                key: display,
+            });
+        };
+        if !rv_matches(m.resource_version.as_deref(), &stored) {
+            return Err(st.conflict(&key.kind, &display));
+        }
+        st.stats.status_writes += 1;
+        *st.stats
+            .status_writes_by_kind
+            .entry(key.kind.clone())
+            .or_default() += 1;
+        // Spec and metadata stay the stored ones (the status subresource ignores them), so
+        // the generation stays and only the resourceVersion moves. A write that changes
+        // nothing keeps its resourceVersion, as on a real API server.
+        if let Some(write) = status_replaced::<K>(&stored, &status) {
+            let mut new = match write? {
+                StatusWrite::Same => return Ok(stored),
+                StatusWrite::Changed(new) => new,
+            };
+            new.meta_mut().resource_version = Some(st.next_rv());
+            return Ok(st.store_typed(&key, Arc::new(new)));
+        }
+        let stored_json = stored.json()?;
+        if stored_json.get("status") == status.as_ref() {
+            return Ok(stored);
+        }
+        let mut new = Map::new();
+        if let Some(map) = stored_json.as_object() {
+            for (k, v) in map.iter().filter(|(k, _)| k.as_str() != "status") {
+                new.insert(k.clone(), v.clone());
+            }
+        }
+        if let Some(status) = status {
+            new.insert("status".into(), status);
+        }
+        st.store::<K>(&key, Value::Object(new))
+    }
+
+    /// Subscribe to a kind: the current set first (under the lock, so no change slips
+    /// between snapshot and subscription), then every change in commit order.
+    fn raw_watch<K: Object>(&self, ns: Option<&str>) -> UnboundedReceiverStream<RawEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut st = self.lock();
+        let snapshot: Vec<Shared> = st.of_kind::<K>(ns).map(|(_, v)| v.clone()).collect();
+        let _ = tx.send(RawEvent::Restarted(snapshot));
+        st.watchers.push(Watcher {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            namespace: ns.map(str::to_string),
+            tx,
+        });
+        UnboundedReceiverStream::new(rx)
     }
 
     fn now_string(&self) -> String {
@@ -674,54 +743,7 @@ impl Cluster for MemoryCluster {
     }
 
     async fn replace_status<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
-        let status = incoming_status(obj)?;
-        let mut st = self.lock();
-        let m = obj.meta();
-        let key = Self::key::<K>(
-            m.namespace.as_deref(),
-            m.name.as_deref().unwrap_or_default(),
-        );
-        let display = obj_name(obj);
-        st.check_fault(WriteKind::ReplaceStatus, &key.kind, &display)?;
-        let Some(stored) = st.objects.get(&key).cloned() else {
-            return Err(ClusterError::NotFound {
-                kind: key.kind,
-                key: display,
-            });
-        };
-        if !rv_matches(m.resource_version.as_deref(), &stored) {
-            return Err(st.conflict(&key.kind, &display));
-        }
-        st.stats.status_writes += 1;
-        *st.stats
-            .status_writes_by_kind
-            .entry(key.kind.clone())
-            .or_default() += 1;
-        // Spec and metadata stay the stored ones (the status subresource ignores them), so
-        // the generation stays and only the resourceVersion moves. A write that changes
-        // nothing keeps its resourceVersion, as on a real API server.
-        if let Some(write) = status_replaced::<K>(&stored, &status) {
-            let mut new = match write? {
-                StatusWrite::Same => return read(&stored),
-                StatusWrite::Changed(new) => new,
-            };
-            new.meta_mut().resource_version = Some(st.next_rv());
-            return read(&st.store_typed(&key, Arc::new(new)));
-        }
-        let stored = stored.json()?;
-        if stored.get("status") == status.as_ref() {
-            return from_value(&stored);
-        }
-        let mut new = Map::new();
-        if let Some(map) = stored.as_object() {
-            for (k, v) in map.iter().filter(|(k, _)| k.as_str() != "status") {
-                new.insert(k.clone(), v.clone());
-            }
-        }
-        if let Some(status) = status {
-            new.insert("status".into(), status);
-        }
-        read(&st.store::<K>(&key, Value::Object(new))?)
+        read(&self.write_status(obj)?)
     }
 
     async fn patch<K: Object>(
@@ -800,22 +822,7 @@ impl Cluster for MemoryCluster {
     }
 
     fn watch<K: Object>(&self, ns: Option<&str>) -> WatchStream<K> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        {
-            let mut st = self.lock();
-            let api_version = K::api_version(&()).into_owned();
-            let kind = K::kind(&()).into_owned();
-            let snapshot: Vec<Shared> = st.of_kind::<K>(ns).map(|(_, v)| v.clone()).collect();
-            // Sent under the lock so no change slips between snapshot and subscription.
-            let _ = tx.send(RawEvent::Restarted(snapshot));
-            st.watchers.push(Watcher {
-                api_version,
-                kind,
-                namespace: ns.map(str::to_string),
-                tx,
-            });
-        }
-        UnboundedReceiverStream::new(rx)
+        self.raw_watch::<K>(ns)
             .map(|raw| match raw {
                 RawEvent::Restarted(vs) => vs
                     .iter()
@@ -826,6 +833,24 @@ impl Cluster for MemoryCluster {
                 RawEvent::Deleted(v) => take::<K>(v).map(WatchEvent::Deleted),
             })
             .boxed()
+    }
+
+    fn watch_shared<K: Object>(&self, ns: Option<&str>) -> WatchStream<Arc<K>> {
+        self.raw_watch::<K>(ns)
+            .map(|raw| match raw {
+                RawEvent::Restarted(vs) => vs
+                    .into_iter()
+                    .map(share::<K>)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(WatchEvent::Restarted),
+                RawEvent::Applied(v) => share::<K>(v).map(WatchEvent::Applied),
+                RawEvent::Deleted(v) => share::<K>(v).map(WatchEvent::Deleted),
+            })
+            .boxed()
+    }
+
+    async fn replace_status_shared<K: Object>(&self, obj: &K) -> Result<Arc<K>, ClusterError> {
+        share(self.write_status(obj)?)
     }
 
     async fn evict(&self, ns: &str, pod: &str) -> Result<EvictOutcome, ClusterError> {
@@ -983,6 +1008,40 @@ mod tests {
         assert_ne!(written.metadata.resource_version, ns.metadata.resource_version);
         let again = cluster.replace_status(&written).await.expect("same status");
         assert_eq!(again.metadata.resource_version, written.metadata.resource_version);
+    }
+
+    /// Shared watches and the shared status write hand out the stored allocation itself: one
+    /// object per version, however many consumers keep it.
+    #[tokio::test]
+    async fn shared_watchers_and_writer_hold_one_allocation() {
+        use crate::api::{HostState, SSHHost, SSHHostStatus};
+        let cluster = MemoryCluster::new(Clock::simulated(jiff::Timestamp::UNIX_EPOCH));
+        let sim = crate::sim::SimHost::new("10.9.0.1", 2, 4_000_000);
+        let mut host = cluster
+            .create(&crate::sim::world::host_object("pool", "h", "small", &sim))
+            .await
+            .expect("create");
+        let mut first = cluster.watch_shared::<SSHHost>(None);
+        let mut second = cluster.watch_shared::<SSHHost>(Some("pool"));
+        host.status = Some(SSHHostStatus {
+            state: HostState::Available,
+            ..Default::default()
+        });
+        let written = cluster.replace_status_shared(&host).await.expect("write");
+        for watch in [&mut first, &mut second] {
+            let mut events = vec![];
+            while let Some(Some(ev)) = futures::FutureExt::now_or_never(watch.next()) {
+                events.push(ev.expect("event"));
+            }
+            match events.as_slice() {
+                [WatchEvent::Restarted(all), WatchEvent::Applied(h)] => {
+                    assert_eq!(all.len(), 1);
+                    assert!(Arc::ptr_eq(h, &written), "the watcher got a copy");
+                }
+                other => panic!("unexpected events {other:?}"),
+            }
+        }
+        assert_eq!(written.status.as_ref().map(|s| s.state), Some(HostState::Available));
     }
 
     #[tokio::test]

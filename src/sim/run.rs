@@ -304,7 +304,8 @@ pub fn parse_csv(text: &str) -> Result<Vec<(Duration, u32)>, String> {
 /// The runner's view of the API, fed by watches (no polling of the store).
 #[derive(Default)]
 struct Mirror {
-    hosts: BTreeMap<String, SSHHost>,
+    /// Shared with the store and the controller's view (no copy per write).
+    hosts: BTreeMap<String, Arc<SSHHost>>,
     /// What the per-step checks ask of all hosts, kept as hosts change.
     host_index: HostIndex,
     claims: BTreeMap<String, NodeClaim>,
@@ -389,7 +390,7 @@ fn token_id(h: &SSHHost) -> Option<&str> {
 }
 
 impl Mirror {
-    fn reset_hosts(&mut self, all: Vec<SSHHost>) {
+    fn reset_hosts(&mut self, all: Vec<Arc<SSHHost>>) {
         self.hosts = all.into_iter().map(|h| (name_of(&h.metadata), h)).collect();
         self.host_index = HostIndex::default();
         for (n, h) in &self.hosts {
@@ -397,7 +398,7 @@ impl Mirror {
         }
     }
 
-    fn put_host(&mut self, name: String, h: SSHHost) {
+    fn put_host(&mut self, name: String, h: Arc<SSHHost>) {
         // Old out before new in: both usually hold the same claim.
         if let Some(old) = self.hosts.get(&name) {
             self.host_index.drop_host(&name, old);
@@ -459,7 +460,7 @@ impl Mirror {
 }
 
 struct Watches {
-    hosts: WatchStream<SSHHost>,
+    hosts: WatchStream<Arc<SSHHost>>,
     claims: WatchStream<NodeClaim>,
     nodes: WatchStream<Node>,
     tokens: WatchStream<KubeSecret>,
@@ -1352,7 +1353,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
     }
     let ns = world.ns();
     let watches = Watches {
-        hosts: cluster.watch::<SSHHost>(Some(&ns)),
+        hosts: cluster.watch_shared::<SSHHost>(Some(&ns)),
         claims: cluster.watch::<NodeClaim>(None),
         nodes: cluster.watch::<Node>(None),
         tokens: cluster.watch::<KubeSecret>(Some(TOKEN_NS)),
@@ -1586,13 +1587,14 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
+    use std::sync::Arc;
 
     use super::{HostIndex, Mirror};
     use crate::api::{ClaimRef, HostState, NodeClaim, SSHHost, SSHHostStatus};
     use crate::sim::SimHost;
     use crate::sim::world::host_object;
 
-    fn host(name: &str, state: HostState, claim: Option<&str>) -> SSHHost {
+    fn host(name: &str, state: HostState, claim: Option<&str>) -> Arc<SSHHost> {
         let mut h = host_object(
             "pool",
             name,
@@ -1607,7 +1609,7 @@ mod tests {
             }),
             ..Default::default()
         });
-        h
+        Arc::new(h)
     }
 
     fn free(index: &HostIndex) -> u32 {
@@ -1650,11 +1652,11 @@ mod tests {
     #[test]
     fn claim_and_token_indexes_follow_host_and_claim_events() {
         let mut m = Mirror::default();
-        let mut a = host("a", HostState::Claimed, Some("u1"));
+        let mut a = Arc::unwrap_or_clone(host("a", HostState::Claimed, Some("u1")));
         if let Some(s) = a.status.as_mut() {
             s.bootstrap_token_id = Some("tok1".into());
         }
-        m.put_host("a".into(), a);
+        m.put_host("a".into(), Arc::new(a));
         assert_eq!(m.host_index.claim_of["a"], ("nc-u1".into(), "u1".into()));
         assert!(!m.claim_live("nc-u1", "u1"), "no such NodeClaim yet");
         m.put_claim("nc-u1".into(), claim("nc-u1", "u1"));

@@ -27,7 +27,7 @@ use super::Context;
 #[derive(Debug)]
 pub enum HostMsg {
     /// The supervisor's watch delivered a new version of the SSHHost.
-    Observed(Box<SSHHost>),
+    Observed(std::sync::Arc<SSHHost>),
     /// Probe now (the periodic timer, or a spec or annotation change).
     Probe,
     /// The router claimed this host for a NodeClaim: install if needed, then join.
@@ -83,8 +83,9 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
     }
 
     /// Adopt a newer object (our own write, or a watch event), never an older one.
-    pub fn observe(&mut self, host: SSHHost) {
+    pub fn observe(&mut self, host: impl Into<std::sync::Arc<SSHHost>>) {
         use crate::actors::context::rv;
+        let host = host.into();
         if rv(&host) >= rv(&self.host) {
             self.host = self.ctx.hosts.share(host);
         }
@@ -143,7 +144,7 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
 impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
     type Msg = HostMsg;
     type State = HostActorState<C, T>;
-    type Arguments = (Context<C, T>, SSHHost);
+    type Arguments = (Context<C, T>, std::sync::Arc<SSHHost>);
 
     async fn pre_start(
         &self,
@@ -198,7 +199,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         match msg {
             HostMsg::Observed(host) => {
                 let old = state.host.clone();
-                state.observe(*host);
+                state.observe(host);
                 if state.needs_probe_now(&old) {
                     Box::pin(probe::run(&myself, state)).await;
                 }

@@ -375,7 +375,7 @@ pub async fn apply<C: Cluster, T: Transport>(state: &mut RouterState<C, T>, outc
             state.burst.forget(&name, Some(&claim.uid));
             let host_name = host.unwrap_or_default();
             let class = updated.class().to_string();
-            state.ctx.hosts.upsert(*updated);
+            state.ctx.hosts.upsert(std::sync::Arc::from(updated));
             state.claimed += 1;
             state.ctx.metrics.claims.inc();
             state.launches.insert(claim.uid.clone());
@@ -409,7 +409,7 @@ pub async fn apply<C: Cluster, T: Transport>(state: &mut RouterState<C, T>, outc
             // The re-read tells whether the host is still free (a probe write raced the CAS)
             // or taken; without it, the host is not offered again in this burst.
             match (fresh, host) {
-                (Some(fresh), _) => state.ctx.hosts.upsert(*fresh),
+                (Some(fresh), _) => state.ctx.hosts.upsert(std::sync::Arc::from(fresh)),
                 (None, Some(h)) => {
                     state.burst.lost.insert(h);
                 }
