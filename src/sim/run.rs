@@ -308,7 +308,7 @@ struct Mirror {
     hosts: BTreeMap<String, Arc<SSHHost>>,
     /// What the per-step checks ask of all hosts, kept as hosts change.
     host_index: HostIndex,
-    claims: BTreeMap<String, NodeClaim>,
+    claims: BTreeMap<String, Arc<NodeClaim>>,
     /// Name of each mirrored NodeClaim, by UID.
     claim_names: HashMap<String, String>,
     nodes: BTreeMap<String, Node>,
@@ -413,7 +413,7 @@ impl Mirror {
         }
     }
 
-    fn reset_claims(&mut self, all: Vec<NodeClaim>) {
+    fn reset_claims(&mut self, all: Vec<Arc<NodeClaim>>) {
         self.claims = all.into_iter().map(|c| (name_of(&c.metadata), c)).collect();
         self.claim_names = self
             .claims
@@ -422,7 +422,7 @@ impl Mirror {
             .collect();
     }
 
-    fn put_claim(&mut self, name: String, c: NodeClaim) {
+    fn put_claim(&mut self, name: String, c: Arc<NodeClaim>) {
         if let Some(uid) = &c.metadata.uid {
             self.claim_names.insert(uid.clone(), name.clone());
         }
@@ -461,7 +461,7 @@ impl Mirror {
 
 struct Watches {
     hosts: WatchStream<Arc<SSHHost>>,
-    claims: WatchStream<NodeClaim>,
+    claims: WatchStream<Arc<NodeClaim>>,
     nodes: WatchStream<Node>,
     tokens: WatchStream<KubeSecret>,
 }
@@ -1354,7 +1354,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
     let ns = world.ns();
     let watches = Watches {
         hosts: cluster.watch_shared::<SSHHost>(Some(&ns)),
-        claims: cluster.watch::<NodeClaim>(None),
+        claims: cluster.watch_shared::<NodeClaim>(None),
         nodes: cluster.watch::<Node>(None),
         tokens: cluster.watch::<KubeSecret>(Some(TOKEN_NS)),
     };
@@ -1641,10 +1641,10 @@ mod tests {
         assert_eq!(free(&m.host_index), 1);
     }
 
-    fn claim(name: &str, uid: &str) -> NodeClaim {
+    fn claim(name: &str, uid: &str) -> Arc<NodeClaim> {
         let mut nc = NodeClaim::new(name, Default::default());
         nc.metadata.uid = Some(uid.into());
-        nc
+        Arc::new(nc)
     }
 
     /// The zombie check's question (is this host's claim the live NodeClaim of that name?)

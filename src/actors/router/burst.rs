@@ -305,7 +305,7 @@ fn pick<C: Cluster, T: Transport>(
 
 fn start_claim<C: Cluster, T: Transport>(
     state: &mut RouterState<C, T>,
-    nc: NodeClaim,
+    nc: std::sync::Arc<NodeClaim>,
     claim: ClaimRef,
     host: SSHHost,
 ) {
@@ -316,7 +316,7 @@ fn start_claim<C: Cluster, T: Transport>(
     let task = tokio::spawn(claim::run(
         state.ctx.clone(),
         state.myself.clone(),
-        nc,
+        std::sync::Arc::unwrap_or_clone(nc),
         claim,
         host,
         finalized,
@@ -332,14 +332,14 @@ fn start_claim<C: Cluster, T: Transport>(
 
 fn start_insufficient<C: Cluster, T: Transport>(
     state: &mut RouterState<C, T>,
-    nc: NodeClaim,
+    nc: std::sync::Arc<NodeClaim>,
     claim: ClaimRef,
     why: String,
 ) {
     let task = tokio::spawn(claim::run_insufficient(
         state.ctx.clone(),
         state.myself.clone(),
-        nc,
+        std::sync::Arc::unwrap_or_clone(nc),
         claim.clone(),
         why,
     ));

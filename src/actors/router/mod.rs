@@ -15,6 +15,7 @@ pub mod requirements;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -34,7 +35,7 @@ const TICK: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub enum RouterMsg {
-    Claim(Box<WatchEvent<NodeClaim>>),
+    Claim(Box<WatchEvent<Arc<NodeClaim>>>),
     /// Re-evaluate claims waiting on something (a release, a transient error).
     Tick,
     /// A claim task finished (see [`claim`]).
@@ -58,7 +59,8 @@ pub struct RouterState<C: Cluster, T: Transport> {
     myself: ActorRef<RouterMsg>,
     supervisor: ActorRef<SupervisorMsg>,
     /// Our NodeClaims by name, as last seen.
-    claims: BTreeMap<String, NodeClaim>,
+    /// Shared with the store and the other watchers (no copy per write or per reconcile).
+    claims: BTreeMap<String, Arc<NodeClaim>>,
     /// Claims that need another look on the next tick.
     waiting: BTreeSet<String>,
     /// Releases already sent, by NodeClaim UID (a release is sent once).
@@ -84,7 +86,7 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
         myself: ActorRef<Self::Msg>,
         (ctx, supervisor): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let mut stream = ctx.cluster.watch::<NodeClaim>(None);
+        let mut stream = ctx.cluster.watch_shared::<NodeClaim>(None);
         let me = myself.clone();
         let metrics = ctx.metrics.clone();
         let watch = tokio::spawn(async move {
@@ -163,7 +165,7 @@ impl<C: Cluster, T: Transport> Actor for Router<C, T> {
 
 async fn on_event<C: Cluster, T: Transport>(
     state: &mut RouterState<C, T>,
-    ev: WatchEvent<NodeClaim>,
+    ev: WatchEvent<Arc<NodeClaim>>,
 ) {
     match ev {
         WatchEvent::Restarted(all) => {
@@ -174,7 +176,7 @@ async fn on_event<C: Cluster, T: Transport>(
             );
             state.claims = all
                 .into_iter()
-                .filter(NodeClaim::is_ours)
+                .filter(|c| c.is_ours())
                 .filter_map(|c| c.metadata.name.clone().map(|n| (n, c)))
                 .collect();
             let names: Vec<String> = state.claims.keys().cloned().collect();
