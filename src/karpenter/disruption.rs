@@ -272,7 +272,7 @@ async fn repair<C: Cluster, T: Transport>(
     state: &ClusterState,
     cfg: &KarpenterConfig,
 ) -> Result<(), KarpenterError> {
-    let unhealthy: Vec<NodeClaim> = {
+    let unhealthy: Vec<std::sync::Arc<NodeClaim>> = {
         let st = state.read();
         st.nodeclaims
             .values()
@@ -294,7 +294,7 @@ async fn repair<C: Cluster, T: Transport>(
             "Node not Ready for {:?}; deleting NodeClaim",
             cfg.repair_after
         );
-        events::record(&ctx.cluster, &nc, EventType::Warning, "Repair", msg).await;
+        events::record(&ctx.cluster, &*nc, EventType::Warning, "Repair", msg).await;
         ctx.metrics.disruption("Unhealthy");
         ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
     }
@@ -342,6 +342,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
         let mine: Vec<&NodeClaim> = st
             .nodeclaims
             .values()
+            .map(|nc| &**nc)
             .filter(|nc| nc.nodepool() == Some(pool_name.as_str()))
             .collect();
         let total = mine
@@ -571,7 +572,7 @@ async fn finish_replacements<C: Cluster, T: Transport>(
     state: &ClusterState,
     pool: &str,
 ) -> Result<Vec<(String, Reason)>, KarpenterError> {
-    let waiting: Vec<(NodeClaim, Option<Node>, replacement::Progress)> = {
+    let waiting: Vec<(std::sync::Arc<NodeClaim>, Option<Node>, replacement::Progress)> = {
         let st = state.read();
         st.nodeclaims
             .values()

@@ -134,7 +134,7 @@ fn due(
     moved: &BTreeSet<String>,
     sweep: Sweep,
     expiry: Expiry,
-) -> Vec<NodeClaim> {
+) -> Vec<std::sync::Arc<NodeClaim>> {
     let st = state.read();
     match sweep {
         Sweep::All => st.nodeclaims.values().cloned().collect(),

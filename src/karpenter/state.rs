@@ -2,6 +2,7 @@
 //! Node, Pod (all namespaces), DaemonSet and PodDisruptionBudget, kept current by watches.
 //! Every controller of the layer reads from here instead of listing the API.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -16,7 +17,7 @@ use tokio::task::JoinHandle;
 use super::pods;
 use crate::api::{NodeClaim, NodePool};
 use crate::clock::Clock;
-use crate::k8s::{Cluster, Object, WatchEvent};
+use crate::k8s::{Cluster, Object, WatchEvent, WatchStream};
 
 /// `namespace/name`.
 pub type NsKey = (String, String);
@@ -25,8 +26,10 @@ pub type NsKey = (String, String);
 pub struct Inner {
     /// NodePools whose nodeClassRef is an SSHNodeClass, by name.
     pub nodepools: BTreeMap<String, NodePool>,
-    /// NodeClaims whose nodeClassRef is an SSHNodeClass, by name.
-    pub nodeclaims: BTreeMap<String, NodeClaim>,
+    /// NodeClaims whose nodeClassRef is an SSHNodeClass, by name; shared with the store and
+    /// the other watchers (the claims change often and every controller of the layer reads
+    /// them).
+    pub nodeclaims: BTreeMap<String, Arc<NodeClaim>>,
     /// Every Node (pods of ours may fit on foreign nodes), by name.
     pub nodes: BTreeMap<String, Node>,
     /// Node name by `spec.providerID`, so that finding a launched claim's Node before its
@@ -130,7 +133,7 @@ impl Inner {
     pub fn claim_of_node(&self, node: &Node) -> Option<&NodeClaim> {
         let name = node.metadata.name.as_deref()?;
         let pid = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
-        self.nodeclaims.values().find(|nc| {
+        self.nodeclaims.values().map(|nc| &**nc).find(|nc| {
             nc.status.as_ref().is_some_and(|s| {
                 s.node_name.as_deref() == Some(name)
                     || (pid.is_some_and(|p| !p.is_empty()) && s.provider_id.as_deref() == pid)
@@ -174,7 +177,7 @@ impl ClusterState {
     }
 
     /// The NodeClaims termination has work on (see `Inner::terminating`), copied.
-    pub fn terminating_claims(&self) -> Vec<NodeClaim> {
+    pub fn terminating_claims(&self) -> Vec<Arc<NodeClaim>> {
         let st = self.read();
         st.terminating
             .iter()
@@ -202,11 +205,11 @@ impl ClusterState {
         let newer = st
             .nodeclaims
             .get(&name)
-            .is_none_or(|old| rv(old) <= rv(&nc));
+            .is_none_or(|old| rv(&**old) <= rv(&nc));
         if newer {
             index_claim(&mut st, &nc);
             st.touched_claims.insert(name.clone());
-            st.nodeclaims.insert(name.clone(), nc);
+            st.nodeclaims.insert(name.clone(), Arc::new(nc));
             track_claim(&mut st, &name);
         }
     }
@@ -214,21 +217,21 @@ impl ClusterState {
     /// Start one watch per kind. The tasks run until aborted.
     pub fn start<C: Cluster>(&self, cluster: &C) -> Vec<JoinHandle<()>> {
         vec![
-            self.track::<C, NodePool>(cluster, apply_nodepool),
-            self.track::<C, NodeClaim>(cluster, apply_nodeclaim),
-            self.track::<C, Node>(cluster, apply_node),
-            self.track::<C, Pod>(cluster, apply_pod),
-            self.track::<C, DaemonSet>(cluster, apply_daemonset),
-            self.track::<C, PodDisruptionBudget>(cluster, apply_pdb),
+            self.track::<NodePool, _>(cluster.watch(None), apply_nodepool),
+            self.track::<NodeClaim, _>(cluster.watch_shared(None), apply_nodeclaim),
+            self.track::<Node, _>(cluster.watch(None), apply_node),
+            self.track::<Pod, _>(cluster.watch(None), apply_pod),
+            self.track::<DaemonSet, _>(cluster.watch(None), apply_daemonset),
+            self.track::<PodDisruptionBudget, _>(cluster.watch(None), apply_pdb),
         ]
     }
 
-    fn track<C: Cluster, K: Object>(
+    /// Apply a watch of kind `K` (objects `V`: `K` or `Arc<K>`) to the state.
+    fn track<K: Object, V: Send + 'static>(
         &self,
-        cluster: &C,
-        apply: fn(&mut Inner, Change<K>, Timestamp),
+        mut stream: WatchStream<V>,
+        apply: fn(&mut Inner, Change<V>, Timestamp),
     ) -> JoinHandle<()> {
-        let mut stream = cluster.watch::<K>(None);
         let me = self.clone();
         tokio::spawn(async move {
             let mut first = true;
@@ -283,29 +286,33 @@ fn ns_key<K: kube::Resource>(o: &K) -> NsKey {
     (o.meta().namespace.clone().unwrap_or_default(), name_of(o))
 }
 
-fn apply_named<K: kube::Resource + Clone>(
-    map: &mut BTreeMap<String, K>,
-    change: Change<K>,
+/// Apply a change to a map by name; `V` is the object `K` or an `Arc<K>`.
+fn apply_named<K: kube::Resource, V: Borrow<K>>(
+    map: &mut BTreeMap<String, V>,
+    change: Change<V>,
     keep: fn(&K) -> bool,
 ) {
     match change {
         Change::Reset(all) => {
             *map = all
                 .into_iter()
-                .filter(keep)
-                .map(|o| (name_of(&o), o))
+                .filter(|o| keep(o.borrow()))
+                .map(|o| (name_of(o.borrow()), o))
                 .collect();
         }
         Change::Upsert(o) => {
-            let name = name_of(&o);
-            if !keep(&o) {
+            let name = name_of(o.borrow());
+            if !keep(o.borrow()) {
                 map.remove(&name);
-            } else if map.get(&name).is_none_or(|old| rv(old) <= rv(&o)) {
+            } else if map
+                .get(&name)
+                .is_none_or(|old| rv(old.borrow()) <= rv(o.borrow()))
+            {
                 map.insert(name, o);
             }
         }
         Change::Delete(o) => {
-            map.remove(&name_of(&o));
+            map.remove(&name_of(o.borrow()));
         }
     }
 }
@@ -326,25 +333,25 @@ fn apply_nodepool(st: &mut Inner, c: Change<NodePool>, _: Timestamp) {
     apply_named(&mut st.nodepools, c, NodePool::is_ours);
 }
 
-fn apply_nodeclaim(st: &mut Inner, c: Change<NodeClaim>, _: Timestamp) {
+fn apply_nodeclaim(st: &mut Inner, c: Change<Arc<NodeClaim>>, _: Timestamp) {
     match &c {
         Change::Reset(all) => {
             st.claims_by_provider.clear();
             st.touched_claims.extend(st.nodeclaims.keys().cloned());
             for nc in all.iter().filter(|nc| nc.is_ours()) {
                 index_claim(st, nc);
-                st.touched_claims.insert(name_of(nc));
+                st.touched_claims.insert(name_of(&**nc));
             }
         }
         // A stale event (older than what we hold) is dropped by apply_named below.
         Change::Upsert(nc)
             if st
                 .nodeclaims
-                .get(&name_of(nc))
-                .is_some_and(|old| rv(old) > rv(nc)) => {}
+                .get(&name_of(&**nc))
+                .is_some_and(|old| rv(&**old) > rv(&**nc)) => {}
         Change::Upsert(nc) | Change::Delete(nc) => {
-            let name = name_of(nc);
-            let old = st.nodeclaims.get(&name).and_then(claim_provider);
+            let name = name_of(&**nc);
+            let old = st.nodeclaims.get(&name).and_then(|old| claim_provider(old));
             if let Some(pid) = old.map(str::to_string)
                 && st.claims_by_provider.get(&pid) == Some(&name)
             {
@@ -358,7 +365,7 @@ fn apply_nodeclaim(st: &mut Inner, c: Change<NodeClaim>, _: Timestamp) {
     }
     let changed = match &c {
         Change::Reset(_) => None,
-        Change::Upsert(nc) | Change::Delete(nc) => Some(name_of(nc)),
+        Change::Upsert(nc) | Change::Delete(nc) => Some(name_of(&**nc)),
     };
     apply_named(&mut st.nodeclaims, c, NodeClaim::is_ours);
     match changed {
@@ -595,7 +602,7 @@ mod tests {
     fn repair_candidates_are_the_claims_of_nodes_not_ready() {
         let mut st = Inner::default();
         let a = claim("a", 1, Some("p://a"));
-        apply_nodeclaim(&mut st, Change::Upsert(a.clone()), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(a.clone())), now());
         let worker = |rv: u64, ready: &str| with_ready(node("worker-1", rv, "p://a"), ready);
         apply_node(&mut st, Change::Upsert(worker(2, "True")), now());
         assert!(!st.maybe_not_ready(&a), "Ready node");
@@ -613,8 +620,8 @@ mod tests {
     #[test]
     fn a_node_change_touches_its_claim_by_name_or_provider_id() {
         let mut st = Inner::default();
-        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, Some("p://a"))), now());
-        apply_nodeclaim(&mut st, Change::Upsert(claim("b", 2, Some("p://b"))), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 1, Some("p://a")))), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("b", 2, Some("p://b")))), now());
         assert!(st.nodeclaims.contains_key("a"), "claim of ours kept");
         st.touched_claims.lifecycle.clear();
         // Adopt: the Node has its own name; the provider ID leads to claim b.
@@ -655,13 +662,13 @@ mod tests {
     #[test]
     fn a_claim_whose_provider_id_changes_is_reindexed() {
         let mut st = Inner::default();
-        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, Some("p://1"))), now());
-        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 2, Some("p://2"))), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 1, Some("p://1")))), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 2, Some("p://2")))), now());
         assert_eq!(
             st.claims_by_provider,
             BTreeMap::from([("p://2".to_string(), "a".to_string())])
         );
-        apply_nodeclaim(&mut st, Change::Delete(claim("a", 3, Some("p://2"))), now());
+        apply_nodeclaim(&mut st, Change::Delete(Arc::new(claim("a", 3, Some("p://2")))), now());
         assert!(st.claims_by_provider.is_empty());
         assert!(st.touched_claims.lifecycle.contains("a"));
     }
@@ -670,8 +677,8 @@ mod tests {
     fn unregistered_set_follows_registration_and_deletion() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
         let mut st = Inner::default();
-        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, None)), now());
-        apply_nodeclaim(&mut st, Change::Upsert(claim("b", 2, None)), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 1, None))), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("b", 2, None))), now());
         let both = BTreeSet::from(["a".to_string(), "b".to_string()]);
         assert_eq!(st.unregistered_claims(), &both);
         let mut registered = claim("a", 3, Some("ssh://h1"));
@@ -685,28 +692,28 @@ mod tests {
                 reason: "Registered".into(),
             });
         }
-        apply_nodeclaim(&mut st, Change::Upsert(registered), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(registered)), now());
         assert_eq!(st.unregistered_claims(), &BTreeSet::from(["b".to_string()]));
         let mut deleting = claim("b", 4, None);
         deleting.metadata.deletion_timestamp = Some(Time(now()));
-        apply_nodeclaim(&mut st, Change::Upsert(deleting), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(deleting)), now());
         assert!(
             st.unregistered_claims().is_empty(),
             "being deleted: not due"
         );
         // A re-list rebuilds the set from what it holds.
-        apply_nodeclaim(&mut st, Change::Reset(vec![claim("c", 5, None)]), now());
+        apply_nodeclaim(&mut st, Change::Reset(vec![Arc::new(claim("c", 5, None))]), now());
         assert_eq!(st.unregistered_claims(), &BTreeSet::from(["c".to_string()]));
     }
 
     #[test]
     fn termination_work_list_follows_deletion_and_drain() {
         let mut st = Inner::default();
-        apply_nodeclaim(&mut st, Change::Upsert(claim("a", 1, None)), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 1, None))), now());
         assert!(st.terminating.is_empty());
         let mut deleting = claim("a", 2, None);
         deleting.metadata.deletion_timestamp = Some(Time(now()));
-        apply_nodeclaim(&mut st, Change::Upsert(deleting.clone()), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(deleting.clone())), now());
         assert_eq!(st.terminating, BTreeSet::from(["a".to_string()]));
         let mut drained = deleting;
         drained.metadata.resource_version = Some("3".into());
@@ -714,13 +721,13 @@ mod tests {
             crate::karpenter::DRAINED_ANNOTATION.to_string(),
             "true".to_string(),
         )]));
-        apply_nodeclaim(&mut st, Change::Upsert(drained), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(drained)), now());
         assert!(st.terminating.is_empty(), "drained: no work left");
-        apply_nodeclaim(&mut st, Change::Upsert(claim("b", 4, None)), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("b", 4, None))), now());
         let mut gone = claim("b", 5, None);
         gone.metadata.deletion_timestamp = Some(Time(now()));
-        apply_nodeclaim(&mut st, Change::Upsert(gone.clone()), now());
-        apply_nodeclaim(&mut st, Change::Delete(gone), now());
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(gone.clone())), now());
+        apply_nodeclaim(&mut st, Change::Delete(Arc::new(gone)), now());
         assert!(st.terminating.is_empty(), "deleted: no work left");
     }
 }

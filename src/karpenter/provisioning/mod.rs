@@ -229,7 +229,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
     /// Claimable hosts per class, less the claims of that class not yet holding a host.
     fn class_budgets(
         &self,
-        claims: &BTreeMap<String, NodeClaim>,
+        claims: &BTreeMap<String, std::sync::Arc<NodeClaim>>,
         types: &BTreeMap<String, InstanceType>,
     ) -> BTreeMap<String, i64> {
         let unheld = unheld_per_type(&self.ctx, claims);
@@ -317,7 +317,7 @@ pub fn claim_name<C: Cluster, T: Transport>(ctx: &Context<C, T>, pool: &str) -> 
 /// NodeClaims of each instance type that do not hold a host yet (they will take one).
 pub fn unheld_per_type<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
-    claims: &BTreeMap<String, NodeClaim>,
+    claims: &BTreeMap<String, std::sync::Arc<NodeClaim>>,
 ) -> BTreeMap<String, i64> {
     let mut unheld: BTreeMap<String, i64> = BTreeMap::new();
     for nc in claims.values() {

@@ -328,7 +328,7 @@ pub fn pack<'a>(
 
 /// Resources each NodePool's NodeClaims take (capacity, plus `nodes`), for limits.
 pub fn pool_usage(
-    claims: &BTreeMap<String, NodeClaim>,
+    claims: &BTreeMap<String, std::sync::Arc<NodeClaim>>,
     types: &BTreeMap<String, InstanceType>,
 ) -> BTreeMap<String, BTreeMap<String, i128>> {
     let mut usage: BTreeMap<String, BTreeMap<String, i128>> = BTreeMap::new();
