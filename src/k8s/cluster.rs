@@ -55,7 +55,9 @@ impl<K> WatchEvent<K> {
     /// The same event with its objects behind `Arc`s.
     pub fn shared(self) -> WatchEvent<Arc<K>> {
         match self {
-            WatchEvent::Restarted(all) => WatchEvent::Restarted(all.into_iter().map(Arc::new).collect()),
+            WatchEvent::Restarted(all) => {
+                WatchEvent::Restarted(all.into_iter().map(Arc::new).collect())
+            }
             WatchEvent::Applied(k) => WatchEvent::Applied(Arc::new(k)),
             WatchEvent::Deleted(k) => WatchEvent::Deleted(Arc::new(k)),
         }

@@ -635,7 +635,9 @@ where
     *slot = decoded;
     // K is T (checked above): move it across without a copy.
     let mut moved: Option<T> = Some(new);
-    let as_k = (&mut moved as &mut dyn Any).downcast_mut::<Option<K>>()?.take()?;
+    let as_k = (&mut moved as &mut dyn Any)
+        .downcast_mut::<Option<K>>()?
+        .take()?;
     Some(Ok(StatusWrite::Changed(as_k)))
 }
 
@@ -795,7 +797,10 @@ impl Cluster for MemoryCluster {
         };
         if let Some(p) = precondition {
             let meta = stored.meta();
-            let uid_ok = p.uid.as_deref().is_none_or(|u| Some(u) == meta.uid.as_deref());
+            let uid_ok = p
+                .uid
+                .as_deref()
+                .is_none_or(|u| Some(u) == meta.uid.as_deref());
             let rv_ok = p
                 .resource_version
                 .as_deref()
@@ -971,21 +976,40 @@ mod tests {
             last_probe_time: Some(Time(subsecond)),
             ..Default::default()
         });
-        let stored = cluster.replace_status(&written).await.expect("status write");
-        let stamp = stored.status.as_ref().and_then(|s| s.last_probe_time.clone());
-        assert_eq!(stamp, Some(Time(jiff::Timestamp::from_second(1_000).expect("ts"))));
-        assert_ne!(stored.metadata.resource_version, host.metadata.resource_version);
+        let stored = cluster
+            .replace_status(&written)
+            .await
+            .expect("status write");
+        let stamp = stored
+            .status
+            .as_ref()
+            .and_then(|s| s.last_probe_time.clone());
+        assert_eq!(
+            stamp,
+            Some(Time(jiff::Timestamp::from_second(1_000).expect("ts")))
+        );
+        assert_ne!(
+            stored.metadata.resource_version,
+            host.metadata.resource_version
+        );
         assert_eq!(stored.spec, host.spec);
         let read: Option<SSHHost> = cluster.get(Some("pool"), "h").await.expect("get");
         let json = |h: &SSHHost| serde_json::to_value(h).expect("json");
         assert_eq!(read.as_ref().map(json), Some(json(&stored)));
         let again = cluster.replace_status(&stored).await.expect("same status");
-        assert_eq!(again.metadata.resource_version, stored.metadata.resource_version);
+        assert_eq!(
+            again.metadata.resource_version,
+            stored.metadata.resource_version
+        );
         let mut seen = vec![];
         while let Some(Some(ev)) = futures::FutureExt::now_or_never(watch.next()) {
             seen.push(ev.expect("event"));
         }
-        assert_eq!(seen.len(), 2, "the snapshot and one status change: {seen:?}");
+        assert_eq!(
+            seen.len(),
+            2,
+            "the snapshot and one status change: {seen:?}"
+        );
         match &seen[1] {
             WatchEvent::Applied(h) => assert_eq!(json(h), json(&stored)),
             other => panic!("expected the status change, got {other:?}"),
@@ -1005,9 +1029,15 @@ mod tests {
         });
         let written = cluster.replace_status(&ns).await.expect("namespace status");
         assert_eq!(written.status, ns.status);
-        assert_ne!(written.metadata.resource_version, ns.metadata.resource_version);
+        assert_ne!(
+            written.metadata.resource_version,
+            ns.metadata.resource_version
+        );
         let again = cluster.replace_status(&written).await.expect("same status");
-        assert_eq!(again.metadata.resource_version, written.metadata.resource_version);
+        assert_eq!(
+            again.metadata.resource_version,
+            written.metadata.resource_version
+        );
     }
 
     /// Shared watches and the shared status write hand out the stored allocation itself: one
@@ -1041,7 +1071,10 @@ mod tests {
                 other => panic!("unexpected events {other:?}"),
             }
         }
-        assert_eq!(written.status.as_ref().map(|s| s.state), Some(HostState::Available));
+        assert_eq!(
+            written.status.as_ref().map(|s| s.state),
+            Some(HostState::Available)
+        );
     }
 
     #[tokio::test]

@@ -572,7 +572,11 @@ async fn finish_replacements<C: Cluster, T: Transport>(
     state: &ClusterState,
     pool: &str,
 ) -> Result<Vec<(String, Reason)>, KarpenterError> {
-    let waiting: Vec<(std::sync::Arc<NodeClaim>, Option<Node>, replacement::Progress)> = {
+    let waiting: Vec<(
+        std::sync::Arc<NodeClaim>,
+        Option<Node>,
+        replacement::Progress,
+    )> = {
         let st = state.read();
         st.nodeclaims
             .values()

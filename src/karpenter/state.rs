@@ -620,8 +620,16 @@ mod tests {
     #[test]
     fn a_node_change_touches_its_claim_by_name_or_provider_id() {
         let mut st = Inner::default();
-        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 1, Some("p://a")))), now());
-        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("b", 2, Some("p://b")))), now());
+        apply_nodeclaim(
+            &mut st,
+            Change::Upsert(Arc::new(claim("a", 1, Some("p://a")))),
+            now(),
+        );
+        apply_nodeclaim(
+            &mut st,
+            Change::Upsert(Arc::new(claim("b", 2, Some("p://b")))),
+            now(),
+        );
         assert!(st.nodeclaims.contains_key("a"), "claim of ours kept");
         st.touched_claims.lifecycle.clear();
         // Adopt: the Node has its own name; the provider ID leads to claim b.
@@ -662,13 +670,25 @@ mod tests {
     #[test]
     fn a_claim_whose_provider_id_changes_is_reindexed() {
         let mut st = Inner::default();
-        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 1, Some("p://1")))), now());
-        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 2, Some("p://2")))), now());
+        apply_nodeclaim(
+            &mut st,
+            Change::Upsert(Arc::new(claim("a", 1, Some("p://1")))),
+            now(),
+        );
+        apply_nodeclaim(
+            &mut st,
+            Change::Upsert(Arc::new(claim("a", 2, Some("p://2")))),
+            now(),
+        );
         assert_eq!(
             st.claims_by_provider,
             BTreeMap::from([("p://2".to_string(), "a".to_string())])
         );
-        apply_nodeclaim(&mut st, Change::Delete(Arc::new(claim("a", 3, Some("p://2")))), now());
+        apply_nodeclaim(
+            &mut st,
+            Change::Delete(Arc::new(claim("a", 3, Some("p://2")))),
+            now(),
+        );
         assert!(st.claims_by_provider.is_empty());
         assert!(st.touched_claims.lifecycle.contains("a"));
     }
@@ -677,8 +697,16 @@ mod tests {
     fn unregistered_set_follows_registration_and_deletion() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
         let mut st = Inner::default();
-        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 1, None))), now());
-        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("b", 2, None))), now());
+        apply_nodeclaim(
+            &mut st,
+            Change::Upsert(Arc::new(claim("a", 1, None))),
+            now(),
+        );
+        apply_nodeclaim(
+            &mut st,
+            Change::Upsert(Arc::new(claim("b", 2, None))),
+            now(),
+        );
         let both = BTreeSet::from(["a".to_string(), "b".to_string()]);
         assert_eq!(st.unregistered_claims(), &both);
         let mut registered = claim("a", 3, Some("ssh://h1"));
@@ -702,14 +730,22 @@ mod tests {
             "being deleted: not due"
         );
         // A re-list rebuilds the set from what it holds.
-        apply_nodeclaim(&mut st, Change::Reset(vec![Arc::new(claim("c", 5, None))]), now());
+        apply_nodeclaim(
+            &mut st,
+            Change::Reset(vec![Arc::new(claim("c", 5, None))]),
+            now(),
+        );
         assert_eq!(st.unregistered_claims(), &BTreeSet::from(["c".to_string()]));
     }
 
     #[test]
     fn termination_work_list_follows_deletion_and_drain() {
         let mut st = Inner::default();
-        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("a", 1, None))), now());
+        apply_nodeclaim(
+            &mut st,
+            Change::Upsert(Arc::new(claim("a", 1, None))),
+            now(),
+        );
         assert!(st.terminating.is_empty());
         let mut deleting = claim("a", 2, None);
         deleting.metadata.deletion_timestamp = Some(Time(now()));
@@ -723,7 +759,11 @@ mod tests {
         )]));
         apply_nodeclaim(&mut st, Change::Upsert(Arc::new(drained)), now());
         assert!(st.terminating.is_empty(), "drained: no work left");
-        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(claim("b", 4, None))), now());
+        apply_nodeclaim(
+            &mut st,
+            Change::Upsert(Arc::new(claim("b", 4, None))),
+            now(),
+        );
         let mut gone = claim("b", 5, None);
         gone.metadata.deletion_timestamp = Some(Time(now()));
         apply_nodeclaim(&mut st, Change::Upsert(Arc::new(gone.clone())), now());
