@@ -49,6 +49,9 @@ pub struct Inner {
     /// Nodes whose Ready condition is there and not True, with their provider IDs: node
     /// repair's candidates, so that a healthy fleet costs it no pass over every claim.
     not_ready: BTreeMap<String, Option<String>>,
+    /// How many of those Nodes carry each provider ID: the repair pass asks this of every
+    /// claim, and after a power loss or a burst of joins hundreds of Nodes are not Ready.
+    not_ready_pids: BTreeMap<String, usize>,
     /// NodeClaims being deleted or marked for disruption and not yet drained: termination's
     /// work list, kept here so that it does not scan every claim every tick.
     terminating: BTreeSet<String>,
@@ -126,7 +129,7 @@ impl Inner {
             .is_some_and(|n| self.not_ready.contains_key(n))
             || s.provider_id
                 .as_deref()
-                .is_some_and(|p| self.not_ready.values().any(|pid| pid.as_deref() == Some(p)))
+                .is_some_and(|p| self.not_ready_pids.contains_key(p))
     }
 
     /// The NodeClaim whose node is `node` (by nodeName or provider ID).
@@ -466,6 +469,7 @@ fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
         Some(name) => track_not_ready(st, &name),
         None => {
             st.not_ready.clear();
+            st.not_ready_pids.clear();
             let all: Vec<String> = st.nodes.keys().cloned().collect();
             for name in all {
                 track_not_ready(st, &name);
@@ -479,13 +483,22 @@ fn track_not_ready(st: &mut Inner, name: &str) {
         .nodes
         .get(name)
         .filter(|n| super::lifecycle::node_ready(n).is_some_and(|c| c.status != "True"));
-    match not_ready {
+    let old = match not_ready {
         Some(n) => {
             let pid = provider_of(n).map(str::to_string);
-            st.not_ready.insert(name.to_string(), pid);
+            if let Some(p) = &pid {
+                *st.not_ready_pids.entry(p.clone()).or_default() += 1;
+            }
+            st.not_ready.insert(name.to_string(), pid)
         }
-        None => {
-            st.not_ready.remove(name);
+        None => st.not_ready.remove(name),
+    };
+    if let Some(Some(p)) = old
+        && let Some(n) = st.not_ready_pids.get_mut(&p)
+    {
+        *n -= 1;
+        if *n == 0 {
+            st.not_ready_pids.remove(&p);
         }
     }
 }
@@ -615,6 +628,22 @@ mod tests {
         assert!(!st.maybe_not_ready(&a), "a deleted Node is no candidate");
         apply_node(&mut st, Change::Reset(vec![worker(7, "False")]), now());
         assert!(st.maybe_not_ready(&a), "a restart rebuilds the set");
+        // Not Ready twice over is one Node: Ready once clears it (the provider-ID index counts
+        // Nodes, not events).
+        apply_node(&mut st, Change::Upsert(worker(8, "False")), now());
+        apply_node(&mut st, Change::Upsert(worker(9, "True")), now());
+        assert!(
+            !st.maybe_not_ready(&a),
+            "Ready after repeated NotReady events"
+        );
+        assert!(st.not_ready_pids.is_empty(), "{:?}", st.not_ready_pids);
+        // A NotReady Node whose provider ID changes no longer answers for the old one.
+        apply_node(&mut st, Change::Upsert(worker(10, "False")), now());
+        let moved = with_ready(node("worker-1", 11, "p://b"), "False");
+        apply_node(&mut st, Change::Upsert(moved), now());
+        let by_pid_only = claim("x", 1, Some("p://a"));
+        assert!(!st.maybe_not_ready(&by_pid_only), "stale provider ID");
+        assert_eq!(st.not_ready_pids.keys().collect::<Vec<_>>(), ["p://b"]);
     }
 
     #[test]
