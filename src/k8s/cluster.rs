@@ -64,6 +64,19 @@ impl<K> WatchEvent<K> {
     }
 }
 
+impl<K: Clone> WatchEvent<Arc<K>> {
+    /// The same event with its objects out of their `Arc`s (copied when still shared).
+    pub fn owned(self) -> WatchEvent<K> {
+        match self {
+            WatchEvent::Restarted(all) => {
+                WatchEvent::Restarted(all.into_iter().map(Arc::unwrap_or_clone).collect())
+            }
+            WatchEvent::Applied(k) => WatchEvent::Applied(Arc::unwrap_or_clone(k)),
+            WatchEvent::Deleted(k) => WatchEvent::Deleted(Arc::unwrap_or_clone(k)),
+        }
+    }
+}
+
 pub type WatchStream<K> = BoxStream<'static, Result<WatchEvent<K>, ClusterError>>;
 
 /// Delete preconditions, as the API server's `DeleteOptions.preconditions`.

@@ -128,12 +128,6 @@ fn share<K: Object>(stored: Shared) -> Result<Arc<K>, ClusterError> {
     })
 }
 
-/// [`read`] for a holder that may be the last (a deletion's watcher): it takes the object
-/// without a copy.
-fn take<K: Object>(stored: Shared) -> Result<K, ClusterError> {
-    share::<K>(stored).map(Arc::unwrap_or_clone)
-}
-
 enum RawEvent {
     Restarted(Vec<Shared>),
     Applied(Shared),
@@ -211,6 +205,14 @@ impl MemoryCluster {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn key_of<K: Object>(obj: &K) -> Key {
+        let m = obj.meta();
+        Self::key::<K>(
+            m.namespace.as_deref(),
+            m.name.as_deref().unwrap_or_default(),
+        )
+    }
+
     fn key<K: Object>(ns: Option<&str>, name: &str) -> Key {
         Key {
             api_version: K::api_version(&()).into_owned(),
@@ -225,18 +227,8 @@ impl MemoryCluster {
         let status = incoming_status(obj)?;
         let mut st = self.lock();
         let m = obj.meta();
-        let key = Self::key::<K>(
-            m.namespace.as_deref(),
-            m.name.as_deref().unwrap_or_default(),
-        );
-        let display = obj_name(obj);
-        st.check_fault(WriteKind::ReplaceStatus, &key.kind, &display)?;
-        let Some(stored) = st.objects.get(&key).cloned() else {
-            return Err(ClusterError::NotFound {
-                kind: key.kind,
-                key: display,
-            });
-        };
+        let (key, display) = (Self::key_of(obj), obj_name(obj));
+        let stored = st.stored_for(WriteKind::ReplaceStatus, &key, &display)?;
         if !rv_matches(m.resource_version.as_deref(), &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
@@ -460,6 +452,23 @@ impl State {
             return Err(err);
         }
         Ok(())
+    }
+
+    /// The stored object an update of `key` applies to, once the fault injector had its say.
+    fn stored_for(
+        &mut self,
+        write: WriteKind,
+        key: &Key,
+        display: &str,
+    ) -> Result<Shared, ClusterError> {
+        self.check_fault(write, &key.kind, display)?;
+        self.objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| ClusterError::NotFound {
+                kind: key.kind.clone(),
+                key: display.to_string(),
+            })
     }
 
     fn conflict(&mut self, kind: &str, key: &str) -> ClusterError {
@@ -715,19 +724,8 @@ impl Cluster for MemoryCluster {
     async fn replace<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
         let mut incoming = to_value(obj)?;
         let mut st = self.lock();
-        let m = obj.meta();
-        let key = Self::key::<K>(
-            m.namespace.as_deref(),
-            m.name.as_deref().unwrap_or_default(),
-        );
-        let display = obj_name(obj);
-        st.check_fault(WriteKind::Replace, &key.kind, &display)?;
-        let Some(stored) = st.objects.get(&key).cloned() else {
-            return Err(ClusterError::NotFound {
-                kind: key.kind,
-                key: display,
-            });
-        };
+        let (key, display) = (Self::key_of(obj), obj_name(obj));
+        let stored = st.stored_for(WriteKind::Replace, &key, &display)?;
         if !rv_matches(meta_str(&incoming, "resourceVersion"), &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
@@ -757,13 +755,7 @@ impl Cluster for MemoryCluster {
         let mut st = self.lock();
         let key = Self::key::<K>(ns, name);
         let display = object_key(ns, name);
-        st.check_fault(WriteKind::Patch, &key.kind, &display)?;
-        let Some(stored) = st.objects.get(&key).cloned() else {
-            return Err(ClusterError::NotFound {
-                kind: key.kind,
-                key: display,
-            });
-        };
+        let stored = st.stored_for(WriteKind::Patch, &key, &display)?;
         if !rv_matches(meta_str(patch, "resourceVersion"), &stored) {
             return Err(st.conflict(&key.kind, &display));
         }
@@ -827,16 +819,8 @@ impl Cluster for MemoryCluster {
     }
 
     fn watch<K: Object>(&self, ns: Option<&str>) -> WatchStream<K> {
-        self.raw_watch::<K>(ns)
-            .map(|raw| match raw {
-                RawEvent::Restarted(vs) => vs
-                    .iter()
-                    .map(read::<K>)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map(WatchEvent::Restarted),
-                RawEvent::Applied(v) => take::<K>(v).map(WatchEvent::Applied),
-                RawEvent::Deleted(v) => take::<K>(v).map(WatchEvent::Deleted),
-            })
+        self.watch_shared::<K>(ns)
+            .map(|ev| ev.map(WatchEvent::owned))
             .boxed()
     }
 
