@@ -107,11 +107,7 @@ fn shared_from<K: Object>(v: &Value) -> Result<Shared, ClusterError> {
 /// A stored object read as `K`: a clone, or a decode of its JSON when it was stored as
 /// another type of the same kind.
 fn read<K: Object>(stored: &Shared) -> Result<K, ClusterError> {
-    let any: &dyn Any = &**stored;
-    match any.downcast_ref::<K>() {
-        Some(k) => Ok(k.clone()),
-        None => from_value(&stored.json()?),
-    }
+    share::<K>(stored.clone()).map(Arc::unwrap_or_clone)
 }
 
 /// A stored object as `Arc<K>`: the stored allocation itself when it is a `K`.
@@ -605,8 +601,20 @@ fn status_replaced<K: Object>(
     use crate::api::{NodeClaim, NodePool, SSHHost, SSHNodeClass};
     use k8s_openapi::api::core::v1::Node;
     macro_rules! try_kinds {
-        ($($kind:ty),*) => {$(
-            if let Some(found) = swap_status::<K, $kind, _>(stored, status, |o| &mut o.status) {
+        ($($kind:ident),*) => {$(
+            let found = swap_status::<K, $kind, _>(
+                stored,
+                status,
+                |o| &o.status,
+                // Field by field: cloning the stored object would copy its old status only
+                // to drop it.
+                |o, status| $kind {
+                    metadata: o.metadata.clone(),
+                    spec: o.spec.clone(),
+                    status,
+                },
+            );
+            if let Some(found) = found {
                 return Some(found);
             }
         )*};
@@ -619,7 +627,8 @@ fn status_replaced<K: Object>(
 fn swap_status<K: Object, T: Object, S>(
     stored: &Shared,
     status: &Option<Value>,
-    field: impl Fn(&mut T) -> &mut Option<S>,
+    field: impl Fn(&T) -> &Option<S>,
+    with_status: impl Fn(&T, Option<S>) -> T,
 ) -> Option<Result<StatusWrite<K>, ClusterError>>
 where
     S: serde::de::DeserializeOwned + PartialEq,
@@ -636,12 +645,10 @@ where
             Err(e) => return Some(Err(decode_err::<T>(obj_name(current), e))),
         },
     };
-    let mut new = current.clone();
-    let slot = field(&mut new);
-    if *slot == decoded {
+    if *field(current) == decoded {
         return Some(Ok(StatusWrite::Same));
     }
-    *slot = decoded;
+    let new = with_status(current, decoded);
     // K is T (checked above): move it across without a copy.
     let mut moved: Option<T> = Some(new);
     let as_k = (&mut moved as &mut dyn Any)
