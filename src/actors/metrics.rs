@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, AtomicU64};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -102,6 +102,10 @@ pub struct Metrics {
     billed_pools: Mutex<BTreeSet<String>>,
     /// NodeClaim name → when its oldest pending pod was created.
     pending_since: Mutex<BTreeMap<String, jiff::Timestamp>>,
+    /// The series that move on every probe, looked up (and created) once: a family lookup
+    /// builds its label set, a string, each time.
+    host_mailbox: OnceLock<Gauge<i64, AtomicI64>>,
+    probe_outcomes: [OnceLock<Histogram>; 2],
     registry: Registry,
 }
 
@@ -229,8 +233,24 @@ impl Metrics {
             billing: Mutex::new(BTreeMap::new()),
             billed_pools: Mutex::new(BTreeSet::new()),
             pending_since: Mutex::new(BTreeMap::new()),
+            host_mailbox: OnceLock::new(),
+            probe_outcomes: [OnceLock::new(), OnceLock::new()],
             registry,
         }
+    }
+
+    /// A probe took `seconds` and succeeded or failed (`host_probe_duration_seconds`).
+    pub fn probe_observed(&self, success: bool, seconds: f64) {
+        let outcome = if success { "success" } else { "failure" };
+        self.probe_outcomes[usize::from(success)]
+            .get_or_init(|| {
+                self.probe_duration
+                    .get_or_create(&OutcomeLabels {
+                        outcome: outcome.into(),
+                    })
+                    .clone()
+            })
+            .observe(seconds);
     }
 
     /// A fleet-wide limit was waited for.
@@ -244,20 +264,31 @@ impl Metrics {
 
     /// A message was queued for an actor of `actor` kind.
     pub fn mailbox_in(&self, actor: &str) {
-        self.mailbox(actor).inc();
+        self.with_mailbox(actor, |g| {
+            g.inc();
+        });
     }
 
     /// An actor of `actor` kind took a message off its queue.
     pub fn mailbox_out(&self, actor: &str) {
-        self.mailbox(actor).dec();
+        self.with_mailbox(actor, |g| {
+            g.dec();
+        });
     }
 
-    fn mailbox(&self, actor: &str) -> Gauge<i64, AtomicI64> {
-        self.mailbox_depth
-            .get_or_create(&ActorLabels {
-                actor: actor.into(),
-            })
-            .clone()
+    fn with_mailbox(&self, actor: &str, f: impl FnOnce(&Gauge<i64, AtomicI64>)) {
+        let lookup = || {
+            self.mailbox_depth
+                .get_or_create(&ActorLabels {
+                    actor: actor.into(),
+                })
+                .clone()
+        };
+        if actor == "host" {
+            f(self.host_mailbox.get_or_init(lookup));
+        } else {
+            f(&lookup());
+        }
     }
 
     pub fn disruption(&self, reason: &str) {

@@ -4,6 +4,7 @@
 
 pub mod host;
 pub mod kubelet;
+mod mirror;
 pub mod report;
 pub mod run;
 pub mod scenario;

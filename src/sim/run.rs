@@ -21,6 +21,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::host::SimHost;
+use super::mirror::Mirror;
 use super::scenario::{Demand, Scenario};
 use super::world::{World, node_claim, node_class, sim_profile};
 use crate::actors::Config;
@@ -301,164 +302,6 @@ pub fn parse_csv(text: &str) -> Result<Vec<(Duration, u32)>, String> {
     Ok(rows)
 }
 
-/// The runner's view of the API, fed by watches (no polling of the store).
-#[derive(Default)]
-struct Mirror {
-    /// Shared with the store and the controller's view (no copy per write).
-    hosts: BTreeMap<String, Arc<SSHHost>>,
-    /// What the per-step checks ask of all hosts, kept as hosts change.
-    host_index: HostIndex,
-    claims: BTreeMap<String, Arc<NodeClaim>>,
-    /// Name of each mirrored NodeClaim, by UID.
-    claim_names: HashMap<String, String>,
-    nodes: BTreeMap<String, Node>,
-    tokens: BTreeMap<String, KubeSecret>,
-}
-
-/// Indexes over the mirrored hosts, updated per host event instead of rebuilt every step.
-#[derive(Default)]
-struct HostIndex {
-    /// Host names by the NodeClaim UID their claim carries.
-    holders: HashMap<String, BTreeSet<String>>,
-    /// UIDs held by more than one host (an invariant violation).
-    shared: BTreeSet<String>,
-    /// Claimable hosts (Available, unclaimed, not in maintenance) per class.
-    free: HashMap<String, u32>,
-    /// The claim (name, UID) each host carries.
-    claim_of: HashMap<String, (String, String)>,
-    /// Host names by the bootstrap token ID their status records.
-    token_holders: BTreeMap<String, BTreeSet<String>>,
-}
-
-impl HostIndex {
-    fn free_of(h: &SSHHost) -> bool {
-        h.state() == HostState::Available && h.claim().is_none() && !h.in_maintenance()
-    }
-
-    fn add(&mut self, name: &str, h: &SSHHost) {
-        if let Some(c) = h.claim() {
-            let names = self.holders.entry(c.uid.clone()).or_default();
-            names.insert(name.to_string());
-            if names.len() > 1 {
-                self.shared.insert(c.uid.clone());
-            }
-            self.claim_of
-                .insert(name.to_string(), (c.name.clone(), c.uid.clone()));
-        }
-        if let Some(id) = token_id(h) {
-            self.token_holders
-                .entry(id.to_string())
-                .or_default()
-                .insert(name.to_string());
-        }
-        if Self::free_of(h) {
-            *self.free.entry(h.class().to_string()).or_default() += 1;
-        }
-    }
-
-    fn drop_host(&mut self, name: &str, h: &SSHHost) {
-        if let Some(c) = h.claim()
-            && let Some(names) = self.holders.get_mut(&c.uid)
-        {
-            names.remove(name);
-            if names.len() < 2 {
-                self.shared.remove(&c.uid);
-            }
-            if names.is_empty() {
-                self.holders.remove(&c.uid);
-            }
-        }
-        self.claim_of.remove(name);
-        if let Some(id) = token_id(h)
-            && let Some(names) = self.token_holders.get_mut(id)
-        {
-            names.remove(name);
-            if names.is_empty() {
-                self.token_holders.remove(id);
-            }
-        }
-        if Self::free_of(h)
-            && let Some(n) = self.free.get_mut(h.class())
-        {
-            *n = n.saturating_sub(1);
-        }
-    }
-}
-
-fn token_id(h: &SSHHost) -> Option<&str> {
-    h.status.as_ref()?.bootstrap_token_id.as_deref()
-}
-
-impl Mirror {
-    fn reset_hosts(&mut self, all: Vec<Arc<SSHHost>>) {
-        self.hosts = all.into_iter().map(|h| (name_of(&h.metadata), h)).collect();
-        self.host_index = HostIndex::default();
-        for (n, h) in &self.hosts {
-            self.host_index.add(n, h);
-        }
-    }
-
-    fn put_host(&mut self, name: String, h: Arc<SSHHost>) {
-        // Old out before new in: both usually hold the same claim.
-        if let Some(old) = self.hosts.get(&name) {
-            self.host_index.drop_host(&name, old);
-        }
-        self.host_index.add(&name, &h);
-        self.hosts.insert(name, h);
-    }
-
-    fn remove_host(&mut self, name: &str) {
-        if let Some(old) = self.hosts.remove(name) {
-            self.host_index.drop_host(name, &old);
-        }
-    }
-
-    fn reset_claims(&mut self, all: Vec<Arc<NodeClaim>>) {
-        self.claims = all.into_iter().map(|c| (name_of(&c.metadata), c)).collect();
-        self.claim_names = self
-            .claims
-            .iter()
-            .filter_map(|(n, c)| Some((c.metadata.uid.clone()?, n.clone())))
-            .collect();
-    }
-
-    fn put_claim(&mut self, name: String, c: Arc<NodeClaim>) {
-        if let Some(uid) = &c.metadata.uid {
-            self.claim_names.insert(uid.clone(), name.clone());
-        }
-        if let Some(old) = self.claims.insert(name, c)
-            && let Some(uid) = &old.metadata.uid
-        {
-            self.forget_uid_unless_current(uid);
-        }
-    }
-
-    fn remove_claim(&mut self, name: &str) {
-        if let Some(old) = self.claims.remove(name)
-            && let Some(uid) = &old.metadata.uid
-        {
-            self.forget_uid_unless_current(uid);
-        }
-    }
-
-    /// Drop `uid` from the index unless a mirrored claim still carries it.
-    fn forget_uid_unless_current(&mut self, uid: &str) {
-        let current = self
-            .claim_names
-            .get(uid)
-            .and_then(|n| self.claims.get(n))
-            .is_some_and(|c| c.metadata.uid.as_deref() == Some(uid));
-        if !current {
-            self.claim_names.remove(uid);
-        }
-    }
-
-    /// Whether the claim `(name, uid)` is the mirrored NodeClaim of that name.
-    fn claim_live(&self, name: &str, uid: &str) -> bool {
-        self.claim_names.get(uid).is_some_and(|n| n == name)
-    }
-}
-
 struct Watches {
     hosts: WatchStream<Arc<SSHHost>>,
     claims: WatchStream<Arc<NodeClaim>>,
@@ -473,7 +316,7 @@ fn rv_of(m: &kube::api::ObjectMeta) -> u64 {
         .unwrap_or(0)
 }
 
-fn name_of(m: &kube::api::ObjectMeta) -> String {
+pub(super) fn name_of(m: &kube::api::ObjectMeta) -> String {
     m.name.clone().unwrap_or_default()
 }
 
@@ -522,14 +365,6 @@ fn claim_line(nc: &NodeClaim) -> String {
         nc.metadata.deletion_timestamp.is_some(),
         nc.metadata.finalizers.as_ref().map_or(0, Vec::len)
     )
-}
-
-/// What `drive_demand` needs to know of one class.
-#[derive(Debug, Clone, Copy, Default)]
-struct ClassCensus {
-    live: u32,
-    unbound: u32,
-    free: u32,
 }
 
 /// Everything the invariants need between steps.
@@ -836,7 +671,7 @@ impl Runner<'_> {
             let e = desired.entry(c.class.as_str()).or_insert((0, c));
             e.0 += c.at(now);
         }
-        let census = self.demand_census();
+        let census = self.mirror.demand_census();
         let cluster = self.cluster();
         self.suspend(true);
         for (class, (want, curve)) in desired {
@@ -877,38 +712,6 @@ impl Runner<'_> {
             }
         }
         self.suspend(false);
-    }
-
-    /// Per class: live NodeClaims, those of them no host holds yet, and free hosts. One pass
-    /// over claims and hosts for all classes (this runs every step of a 10,000-host day).
-    fn demand_census(&self) -> HashMap<String, ClassCensus> {
-        let held = &self.mirror.host_index.holders;
-        let mut census: HashMap<&str, ClassCensus> = HashMap::new();
-        for c in self.mirror.claims.values() {
-            if c.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let counts = census
-                .entry(c.spec.node_class_ref.name.as_str())
-                .or_default();
-            counts.live += 1;
-            if c.metadata
-                .uid
-                .as_deref()
-                .is_none_or(|u| !held.contains_key(u))
-            {
-                counts.unbound += 1;
-            }
-        }
-        for (class, free) in &self.mirror.host_index.free {
-            if *free > 0 {
-                census.entry(class.as_str()).or_default().free += free;
-            }
-        }
-        census
-            .into_iter()
-            .map(|(class, counts)| (class.to_string(), counts))
-            .collect()
     }
 
     /// Strike or end a fault.
@@ -1033,9 +836,9 @@ impl Runner<'_> {
         // Only hosts with a kubelet running on a clean link can be zombies; the others just
         // end any zombie episode they had.
         let (by_addr, infos) = (&self.by_addr, &self.infos);
-        let running: Vec<usize> = self.world.transport.filter_map(|h| {
+        let running: Vec<usize> = self.world.transport.filter_map_kubelet_running(|h| {
             let clean = h.reachable && h.handshake_delay.is_zero() && !h.leave_in_flight;
-            if !(clean && h.kubelet_running()) {
+            if !clean {
                 return None;
             }
             let i = *by_addr.get(&h.address)?;
@@ -1582,97 +1385,4 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         trace,
         timeline,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-    use std::sync::Arc;
-
-    use super::{HostIndex, Mirror};
-    use crate::api::{ClaimRef, HostState, NodeClaim, SSHHost, SSHHostStatus};
-    use crate::sim::SimHost;
-    use crate::sim::world::host_object;
-
-    fn host(name: &str, state: HostState, claim: Option<&str>) -> Arc<SSHHost> {
-        let mut h = host_object(
-            "pool",
-            name,
-            "small",
-            &SimHost::new("10.0.0.1", 4, 8_000_000),
-        );
-        h.status = Some(SSHHostStatus {
-            state,
-            claim_ref: claim.map(|uid| ClaimRef {
-                name: format!("nc-{uid}"),
-                uid: uid.into(),
-            }),
-            ..Default::default()
-        });
-        Arc::new(h)
-    }
-
-    fn free(index: &HostIndex) -> u32 {
-        index.free.get("small").copied().unwrap_or(0)
-    }
-
-    #[test]
-    fn host_index_follows_updates_that_keep_or_move_a_claim() {
-        let mut m = Mirror::default();
-        m.put_host("a".into(), host("a", HostState::Available, None));
-        m.put_host("b".into(), host("b", HostState::Available, None));
-        assert_eq!(free(&m.host_index), 2);
-        m.put_host("a".into(), host("a", HostState::Claimed, Some("u1")));
-        // A status write that keeps the claim must keep the holder (old out, new in).
-        m.put_host("a".into(), host("a", HostState::InUse, Some("u1")));
-        assert_eq!(free(&m.host_index), 1);
-        assert!(m.host_index.holders["u1"].contains("a"));
-        assert!(m.host_index.shared.is_empty());
-        m.put_host("b".into(), host("b", HostState::Claimed, Some("u1")));
-        assert_eq!(
-            m.host_index.shared.iter().collect::<Vec<_>>(),
-            ["u1"],
-            "two hosts, one claim"
-        );
-        m.remove_host("b");
-        assert!(m.host_index.shared.is_empty());
-        m.put_host("a".into(), host("a", HostState::Available, None));
-        assert!(!m.host_index.holders.contains_key("u1"));
-        assert_eq!(free(&m.host_index), 1);
-    }
-
-    fn claim(name: &str, uid: &str) -> Arc<NodeClaim> {
-        let mut nc = NodeClaim::new(name, Default::default());
-        nc.metadata.uid = Some(uid.into());
-        Arc::new(nc)
-    }
-
-    /// The zombie check's question (is this host's claim the live NodeClaim of that name?)
-    /// and the token check's (which host records this token ID?) follow every event.
-    #[test]
-    fn claim_and_token_indexes_follow_host_and_claim_events() {
-        let mut m = Mirror::default();
-        let mut a = Arc::unwrap_or_clone(host("a", HostState::Claimed, Some("u1")));
-        if let Some(s) = a.status.as_mut() {
-            s.bootstrap_token_id = Some("tok1".into());
-        }
-        m.put_host("a".into(), Arc::new(a));
-        assert_eq!(m.host_index.claim_of["a"], ("nc-u1".into(), "u1".into()));
-        assert!(!m.claim_live("nc-u1", "u1"), "no such NodeClaim yet");
-        m.put_claim("nc-u1".into(), claim("nc-u1", "u1"));
-        assert!(m.claim_live("nc-u1", "u1"));
-        // Recreated under the same name: the old UID is no longer live.
-        m.put_claim("nc-u1".into(), claim("nc-u1", "u2"));
-        assert!(!m.claim_live("nc-u1", "u1"));
-        assert!(m.claim_live("nc-u1", "u2"));
-        m.remove_claim("nc-u1");
-        assert!(!m.claim_live("nc-u1", "u2"));
-        m.reset_claims(vec![claim("nc-u1", "u1")]);
-        assert!(m.claim_live("nc-u1", "u1"));
-        let holders = |m: &Mirror| m.host_index.token_holders.get("tok1").cloned();
-        assert_eq!(holders(&m), Some(BTreeSet::from(["a".to_string()])));
-        m.put_host("a".into(), host("a", HostState::Available, None));
-        assert!(!m.host_index.claim_of.contains_key("a"));
-        assert_eq!(holders(&m), None, "the token ID left the host's status");
-    }
 }

@@ -6,7 +6,7 @@
 //! [`Journal`] with virtual timestamps (the simulation's trace, counters and the invariants
 //! that only the host side can see).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -68,9 +68,34 @@ struct Link {
     phase_latency: Duration,
 }
 
+/// The simulated hosts by address, and the addresses whose kubelet runs: the zombie check
+/// looks at those every step, not at the whole fleet.
+#[derive(Default)]
+struct Fleet {
+    hosts: BTreeMap<String, SimHost>,
+    kubelets: BTreeSet<String>,
+}
+
+impl Fleet {
+    /// Call after any change to the host at `address`.
+    fn track(&mut self, address: &str) {
+        let running = self
+            .hosts
+            .get(address)
+            .is_some_and(SimHost::kubelet_running);
+        if running != self.kubelets.contains(address) {
+            if running {
+                self.kubelets.insert(address.to_string());
+            } else {
+                self.kubelets.remove(address);
+            }
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct SimTransport {
-    hosts: Arc<Mutex<BTreeMap<String, SimHost>>>,
+    hosts: Arc<Mutex<Fleet>>,
     cluster: MemoryCluster,
     /// Delay between a successful join and the Node registering.
     pub registration_delay: Duration,
@@ -85,7 +110,7 @@ pub struct SimTransport {
 impl SimTransport {
     pub fn new(cluster: MemoryCluster) -> Self {
         SimTransport {
-            hosts: Arc::new(Mutex::new(BTreeMap::new())),
+            hosts: Arc::new(Mutex::new(Fleet::default())),
             cluster,
             registration_delay: Duration::from_secs(5),
             rng: Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))),
@@ -101,26 +126,39 @@ impl SimTransport {
     }
 
     pub fn add(&self, host: SimHost) {
-        self.lock().insert(host.address.clone(), host);
+        let mut fleet = self.lock();
+        let address = host.address.clone();
+        fleet.hosts.insert(address.clone(), host);
+        fleet.track(&address);
     }
 
     /// Read or change a host.
     pub fn with<R>(&self, address: &str, f: impl FnOnce(&mut SimHost) -> R) -> Option<R> {
-        self.lock().get_mut(address).map(f)
+        let mut fleet = self.lock();
+        let out = fleet.hosts.get_mut(address).map(f);
+        fleet.track(address);
+        out
     }
 
     pub fn host(&self, address: &str) -> Option<SimHost> {
-        self.lock().get(address).cloned()
+        self.lock().hosts.get(address).cloned()
     }
 
     /// Visit every host, in address order.
     pub fn each<R>(&self, mut f: impl FnMut(&SimHost) -> R) -> Vec<R> {
-        self.lock().values().map(&mut f).collect()
+        self.lock().hosts.values().map(&mut f).collect()
     }
 
-    /// Visit every host, in address order, keeping what `f` returns.
-    pub fn filter_map<R>(&self, f: impl FnMut(&SimHost) -> Option<R>) -> Vec<R> {
-        self.lock().values().filter_map(f).collect()
+    /// Visit every host whose kubelet runs, in address order, keeping what `f` returns.
+    pub fn filter_map_kubelet_running<R>(
+        &self,
+        mut f: impl FnMut(&SimHost) -> Option<R>,
+    ) -> Vec<R> {
+        let fleet = self.lock();
+        (fleet.kubelets.iter())
+            .filter_map(|a| fleet.hosts.get(a))
+            .filter_map(&mut f)
+            .collect()
     }
 
     /// The host whose running kubelet is Node `node`: its address and whether the last leave
@@ -133,10 +171,10 @@ impl SimTransport {
             .get(node)
             .cloned()
             .unwrap_or_default();
-        let hosts = self.lock();
+        let fleet = self.lock();
         candidates
             .iter()
-            .filter_map(|a| hosts.get(a))
+            .filter_map(|a| fleet.hosts.get(a))
             .find(|h| h.kubelet_node() == Some(node))
             .map(|h| (h.address.clone(), h.last_leave_ok == Some(false)))
     }
@@ -167,7 +205,7 @@ impl SimTransport {
         });
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, SimHost>> {
+    fn lock(&self) -> MutexGuard<'_, Fleet> {
         self.hosts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -188,13 +226,15 @@ impl SimTransport {
     /// Returns what the session sees of the host, not a copy of all of it (its command log
     /// included): a probe is the simulation's hottest path.
     fn connect(&self, target: &HostTarget, probe: bool) -> Result<Link, TransportError> {
-        let mut hosts = self.lock();
-        let host = hosts
-            .get_mut(&target.address)
-            .ok_or_else(|| TransportError::DialRefused {
-                host: target.host.clone(),
-                address: target.address.clone(),
-            })?;
+        let mut fleet = self.lock();
+        let host =
+            fleet
+                .hosts
+                .get_mut(&target.address)
+                .ok_or_else(|| TransportError::DialRefused {
+                    host: target.host.clone(),
+                    address: target.address.clone(),
+                })?;
         if !host.reachable || !host.powered {
             return Err(TransportError::DialRefused {
                 host: target.host.clone(),

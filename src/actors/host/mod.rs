@@ -93,7 +93,9 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
 
     /// The transport target: cached for `probe_refresh`, rebuilt at once when the spec or the
     /// pinned fingerprint changed (key rotation is picked up within that period).
-    pub async fn target(&mut self) -> Result<crate::ssh::HostTarget, target::TargetError> {
+    pub async fn target(
+        &mut self,
+    ) -> Result<std::sync::Arc<crate::ssh::HostTarget>, target::TargetError> {
         let ns = self.ctx.pool_ns().to_string();
         let refresh = self.ctx.config.probe_refresh;
         if let Some(t) = self
@@ -104,8 +106,10 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
             return Ok(t.target.clone());
         }
         let built = target::host_target(&self.ctx.cluster, &ns, &self.host).await?;
-        self.target = Some(target::CachedTarget::new(&self.host, built.clone()));
-        Ok(built)
+        let cached = target::CachedTarget::new(&self.host, built);
+        let shared = cached.target.clone();
+        self.target = Some(cached);
+        Ok(shared)
     }
 
     /// Forget the cached target (e.g. after an authentication failure).

@@ -144,14 +144,7 @@ async fn probe_once<C: Cluster, T: Transport>(
         let outcome = if result.is_ok() { "success" } else { "failure" };
         ssh.record("outcome", outcome);
         ssh.record("duration_ms", millis(started));
-        state
-            .ctx
-            .metrics
-            .probe_duration
-            .get_or_create(&crate::actors::metrics::OutcomeLabels {
-                outcome: outcome.into(),
-            })
-            .observe(started.elapsed().as_secs_f64());
+        (state.ctx.metrics).probe_observed(result.is_ok(), started.elapsed().as_secs_f64());
         result
     };
     match result {

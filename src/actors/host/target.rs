@@ -110,10 +110,11 @@ async fn read_key<C: Cluster>(
     Ok((Secret::new(key), field(KNOWN_HOST)))
 }
 
-/// A target and what it was built from.
+/// A target and what it was built from. Shared: a steady probe hands the transport the
+/// cached target, it does not copy it (and the key in it).
 #[derive(Clone)]
 pub struct CachedTarget {
-    pub target: HostTarget,
+    pub target: std::sync::Arc<HostTarget>,
     generation: Option<i64>,
     fingerprint: Option<String>,
     built: tokio::time::Instant,
@@ -122,22 +123,22 @@ pub struct CachedTarget {
 impl CachedTarget {
     pub fn new(host: &SSHHost, target: HostTarget) -> Self {
         CachedTarget {
-            target,
+            target: std::sync::Arc::new(target),
             generation: host.metadata.generation,
-            fingerprint: fingerprint(host),
+            fingerprint: fingerprint(host).map(str::to_string),
             built: tokio::time::Instant::now(),
         }
     }
 
     pub fn valid_for(&self, host: &SSHHost, max_age: std::time::Duration) -> bool {
         self.generation == host.metadata.generation
-            && self.fingerprint == fingerprint(host)
+            && self.fingerprint.as_deref() == fingerprint(host)
             && self.built.elapsed() < max_age
     }
 }
 
-fn fingerprint(host: &SSHHost) -> Option<String> {
+fn fingerprint(host: &SSHHost) -> Option<&str> {
     host.status
         .as_ref()
-        .and_then(|s| s.host_key_fingerprint.clone())
+        .and_then(|s| s.host_key_fingerprint.as_deref())
 }
