@@ -5,6 +5,7 @@
 pub mod launch;
 pub mod phases;
 pub mod probe;
+pub mod probe_clock;
 pub mod registration;
 pub mod release;
 pub mod target;
@@ -15,7 +16,6 @@ use std::marker::PhantomData;
 
 use k8s_openapi::api::core::v1::Node;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::task::JoinHandle;
 
 use crate::api::{ClaimRef, HostState, SSHHost};
 use crate::k8s::Cluster;
@@ -28,8 +28,11 @@ use super::Context;
 pub enum HostMsg {
     /// The supervisor's watch delivered a new version of the SSHHost.
     Observed(std::sync::Arc<SSHHost>),
-    /// Probe now (the periodic timer, or a spec or annotation change).
+    /// Probe now (a new actor, the router's nudge).
     Probe,
+    /// The periodic probe scheduled with this ticket is due (see [`probe_clock`]); stale if
+    /// another probe ran and rescheduled since.
+    ProbeDue(u64),
     /// The router claimed this host for a NodeClaim: install if needed, then join.
     Launch(ClaimRef),
     /// The NodeClaim holding this host is going away: run leave and release the host.
@@ -61,7 +64,8 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     /// A CapacityDrift event was emitted for the current episode (`None`: no probe has
     /// judged drift since this actor started).
     pub drift_reported: Option<bool>,
-    pub probe_timer: Option<JoinHandle<()>>,
+    /// The ticket of the periodic probe now scheduled (see [`probe_clock`]).
+    pub probe_ticket: u64,
     /// Consecutive failed probes, for backoff.
     pub failures: u32,
     /// This actor, for timers it sets itself.
@@ -166,7 +170,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             name,
             host,
             drift_reported: None,
-            probe_timer: None,
+            probe_ticket: 0,
             failures: 0,
             myself,
             target: None,
@@ -181,9 +185,6 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(t) = state.probe_timer.take() {
-            t.abort();
-        }
         state.ctx.transport.forget(&state.key()).await;
         Ok(())
     }
@@ -209,6 +210,11 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
                 }
             }
             HostMsg::Probe => Box::pin(probe::run(&myself, state)).await,
+            HostMsg::ProbeDue(ticket) => {
+                if ticket == state.probe_ticket {
+                    Box::pin(probe::run(&myself, state)).await;
+                }
+            }
             HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,
             HostMsg::Release(claim) => Box::pin(release::run(state, &claim)).await,
             HostMsg::NodeSeen(node) => Box::pin(registration::node_seen(state, &node)).await,

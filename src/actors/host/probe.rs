@@ -79,22 +79,19 @@ fn backoff<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> std::time:
     base.mul_f64(1.0 + jitter)
 }
 
+/// The next periodic probe, `after` from now (any one scheduled before is void).
 fn schedule<C: Cluster, T: Transport>(
     myself: &ActorRef<HostMsg>,
     state: &mut HostActorState<C, T>,
     after: std::time::Duration,
 ) {
-    if let Some(t) = state.probe_timer.take() {
-        t.abort();
-    }
-    let me = myself.clone();
-    let metrics = state.ctx.metrics.clone();
-    state.probe_timer = Some(tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        if me.send_message(HostMsg::Probe).is_ok() {
-            metrics.mailbox_in("host");
-        }
-    }));
+    state.probe_ticket = state.probe_ticket.wrapping_add(1);
+    state.ctx.probe_clock.schedule(
+        tokio::time::Instant::now() + after,
+        myself.clone(),
+        state.probe_ticket,
+        &state.ctx.metrics,
+    );
 }
 
 async fn probe_once<C: Cluster, T: Transport>(
