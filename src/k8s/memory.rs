@@ -244,6 +244,13 @@ impl MemoryCluster {
             new.meta_mut().resource_version = Some(st.next_rv());
             return Ok(st.store_typed(&key, Arc::new(new)));
         }
+        let status = match status {
+            Some(bytes) => Some(
+                serde_json::from_slice::<Value>(&bytes)
+                    .map_err(|e| decode_err::<K>(display.clone(), e))?,
+            ),
+            None => None,
+        };
         let stored_json = stored.json()?;
         if stored_json.get("status") == status.as_ref() {
             return Ok(stored);
@@ -569,15 +576,18 @@ fn no_finalizers(meta: &ObjectMeta) -> bool {
     meta.finalizers.as_ref().is_none_or(Vec::is_empty)
 }
 
-/// The status a status write brings: its field alone when the kind serialises as a struct
-/// (all Kubernetes kinds do), else taken from the whole serialised object.
-fn incoming_status<K: Object>(obj: &K) -> Result<Option<Value>, ClusterError> {
+/// The status a status write brings, serialised: its field alone when the kind serialises as
+/// a struct (all Kubernetes kinds do), else taken from the whole serialised object.
+fn incoming_status<K: Object>(obj: &K) -> Result<Option<Vec<u8>>, ClusterError> {
     use super::status_field::{StatusField, status_of};
     match status_of(obj).map_err(|e| decode_err::<K>(obj_name(obj), e))? {
         StatusField::Found(status) => Ok(status),
         StatusField::Unsupported => {
             let mut whole = to_value(obj)?;
-            Ok(whole.as_object_mut().and_then(|m| m.remove("status")))
+            let status = whole.as_object_mut().and_then(|m| m.remove("status"));
+            status
+                .map(|s| serde_json::to_vec(&s).map_err(|e| decode_err::<K>(obj_name(obj), e)))
+                .transpose()
         }
     }
 }
@@ -596,7 +606,7 @@ enum StatusWrite<K> {
 /// kinds, which take the JSON path.
 fn status_replaced<K: Object>(
     stored: &Shared,
-    status: &Option<Value>,
+    status: &Option<Vec<u8>>,
 ) -> Option<Result<StatusWrite<K>, ClusterError>> {
     use crate::api::{NodeClaim, NodePool, SSHHost, SSHNodeClass};
     use k8s_openapi::api::core::v1::Node;
@@ -626,7 +636,7 @@ fn status_replaced<K: Object>(
 /// [`status_replaced`] for one kind `T` (when `K` is `T` and the stored object is a `T`).
 fn swap_status<K: Object, T: Object, S>(
     stored: &Shared,
-    status: &Option<Value>,
+    status: &Option<Vec<u8>>,
     field: impl Fn(&T) -> &Option<S>,
     with_status: impl Fn(&T, Option<S>) -> T,
 ) -> Option<Result<StatusWrite<K>, ClusterError>>
@@ -638,10 +648,11 @@ where
     if std::any::TypeId::of::<K>() != std::any::TypeId::of::<T>() {
         return None;
     }
+    // `null` decodes to `None`, as a `Value::Null` did.
     let decoded = match status {
-        None | Some(Value::Null) => None,
-        Some(v) => match S::deserialize(v) {
-            Ok(s) => Some(s),
+        None => None,
+        Some(bytes) => match serde_json::from_slice::<Option<S>>(bytes) {
+            Ok(s) => s,
             Err(e) => return Some(Err(decode_err::<T>(obj_name(current), e))),
         },
     };

@@ -274,9 +274,8 @@ async fn repair<C: Cluster, T: Transport>(
 ) -> Result<(), KarpenterError> {
     let unhealthy: Vec<std::sync::Arc<NodeClaim>> = {
         let st = state.read();
-        st.nodeclaims
-            .values()
-            .filter(|nc| nc.metadata.deletion_timestamp.is_none() && st.maybe_not_ready(nc))
+        st.repair_candidates()
+            .into_iter()
             .filter(|nc| {
                 st.node_of(nc).and_then(node_ready).is_some_and(|c| {
                     c.status != "True"

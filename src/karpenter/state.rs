@@ -49,9 +49,9 @@ pub struct Inner {
     /// Nodes whose Ready condition is there and not True, with their provider IDs: node
     /// repair's candidates, so that a healthy fleet costs it no pass over every claim.
     not_ready: BTreeMap<String, Option<String>>,
-    /// How many of those Nodes carry each provider ID: the repair pass asks this of every
-    /// claim, and after a power loss or a burst of joins hundreds of Nodes are not Ready.
-    not_ready_pids: BTreeMap<String, usize>,
+    /// The claims (not being deleted) that name each Node: repair starts from the few
+    /// Nodes not Ready, not from every claim of the fleet, every round.
+    claims_by_node: ClaimsByNode,
     /// NodeClaims being deleted or marked for disruption and not yet drained: termination's
     /// work list, kept here so that it does not scan every claim every tick.
     terminating: BTreeSet<String>,
@@ -115,21 +115,21 @@ impl Inner {
         &self.unregistered
     }
 
-    /// Whether the NodeClaim's Node may be one whose Ready condition is not True: a cheap
-    /// superset test (two lookups in a set of a few nodes) before [`Inner::node_of`].
-    pub fn maybe_not_ready(&self, nc: &NodeClaim) -> bool {
-        if self.not_ready.is_empty() {
-            return false;
+    /// The claims (not being deleted) that name a Node whose Ready condition is there and
+    /// not True, by `status.nodeName` or provider ID, in name order: node repair's candidates,
+    /// a superset of the claims whose [`Inner::node_of`] is such a Node.
+    pub fn repair_candidates(&self) -> Vec<&Arc<NodeClaim>> {
+        let index = &self.claims_by_node;
+        let mut names: BTreeSet<&String> = BTreeSet::new();
+        for (node, pid) in &self.not_ready {
+            names.extend(index.by_name.get(node).into_iter().flatten());
+            let by_pid = pid.as_ref().and_then(|p| index.by_pid.get(p));
+            names.extend(by_pid.into_iter().flatten());
         }
-        let Some(s) = nc.status.as_ref() else {
-            return false;
-        };
-        s.node_name
-            .as_deref()
-            .is_some_and(|n| self.not_ready.contains_key(n))
-            || s.provider_id
-                .as_deref()
-                .is_some_and(|p| self.not_ready_pids.contains_key(p))
+        names
+            .into_iter()
+            .filter_map(|n| self.nodeclaims.get(n))
+            .collect()
     }
 
     /// The NodeClaim whose node is `node` (by nodeName or provider ID).
@@ -377,6 +377,7 @@ fn apply_nodeclaim(st: &mut Inner, c: Change<Arc<NodeClaim>>, _: Timestamp) {
             let all: Vec<String> = st.nodeclaims.keys().cloned().collect();
             st.terminating.clear();
             st.unregistered.clear();
+            st.claims_by_node.clear();
             for name in all {
                 track_claim(st, &name);
             }
@@ -398,6 +399,7 @@ fn track_claim(st: &mut Inner, name: &str) {
     });
     keep(&mut st.terminating, name, work);
     keep(&mut st.unregistered, name, unregistered);
+    st.claims_by_node.set(name, nc.map(|nc| &**nc));
 }
 
 fn keep(set: &mut BTreeSet<String>, name: &str, member: bool) {
@@ -469,7 +471,6 @@ fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
         Some(name) => track_not_ready(st, &name),
         None => {
             st.not_ready.clear();
-            st.not_ready_pids.clear();
             let all: Vec<String> = st.nodes.keys().cloned().collect();
             for name in all {
                 track_not_ready(st, &name);
@@ -483,22 +484,66 @@ fn track_not_ready(st: &mut Inner, name: &str) {
         .nodes
         .get(name)
         .filter(|n| super::lifecycle::node_ready(n).is_some_and(|c| c.status != "True"));
-    let old = match not_ready {
+    match not_ready {
         Some(n) => {
             let pid = provider_of(n).map(str::to_string);
-            if let Some(p) = &pid {
-                *st.not_ready_pids.entry(p.clone()).or_default() += 1;
-            }
-            st.not_ready.insert(name.to_string(), pid)
+            st.not_ready.insert(name.to_string(), pid);
         }
-        None => st.not_ready.remove(name),
-    };
-    if let Some(Some(p)) = old
-        && let Some(n) = st.not_ready_pids.get_mut(&p)
+        None => {
+            st.not_ready.remove(name);
+        }
+    }
+}
+
+/// NodeClaim names by the Node name (`status.nodeName`) and by the provider ID
+/// (`status.providerID`) they carry; a claim being deleted is in neither. Sets, not single
+/// names: a host claimed again carries its provider ID in the new claim while the old one
+/// may still be there.
+#[derive(Default, Debug)]
+struct ClaimsByNode {
+    /// What each claim is filed under now: (node name, provider ID).
+    of: BTreeMap<String, (Option<String>, Option<String>)>,
+    by_name: BTreeMap<String, BTreeSet<String>>,
+    by_pid: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl ClaimsByNode {
+    /// File `claim` as `nc` now is (`None`: gone).
+    fn set(&mut self, claim: &str, nc: Option<&NodeClaim>) {
+        let refs = nc
+            .filter(|nc| nc.metadata.deletion_timestamp.is_none())
+            .and_then(|nc| nc.status.as_ref())
+            .map(|s| (s.node_name.clone(), s.provider_id.clone()))
+            .filter(|r| r.0.is_some() || r.1.is_some());
+        if self.of.get(claim) == refs.as_ref() {
+            return;
+        }
+        if let Some((name, pid)) = self.of.remove(claim) {
+            unfile(&mut self.by_name, name, claim);
+            unfile(&mut self.by_pid, pid, claim);
+        }
+        if let Some((name, pid)) = refs {
+            for (map, key) in [(&mut self.by_name, &name), (&mut self.by_pid, &pid)] {
+                if let Some(k) = key {
+                    map.entry(k.clone()).or_default().insert(claim.to_string());
+                }
+            }
+            self.of.insert(claim.to_string(), (name, pid));
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = ClaimsByNode::default();
+    }
+}
+
+fn unfile(map: &mut BTreeMap<String, BTreeSet<String>>, key: Option<String>, claim: &str) {
+    if let Some(k) = key
+        && let Some(set) = map.get_mut(&k)
     {
-        *n -= 1;
-        if *n == 0 {
-            st.not_ready_pids.remove(&p);
+        set.remove(claim);
+        if set.is_empty() {
+            map.remove(&k);
         }
     }
 }
@@ -611,6 +656,13 @@ mod tests {
         n
     }
 
+    fn candidates(st: &Inner) -> Vec<String> {
+        st.repair_candidates()
+            .into_iter()
+            .map(|nc| name_of(&**nc))
+            .collect()
+    }
+
     #[test]
     fn repair_candidates_are_the_claims_of_nodes_not_ready() {
         let mut st = Inner::default();
@@ -618,32 +670,52 @@ mod tests {
         apply_nodeclaim(&mut st, Change::Upsert(Arc::new(a.clone())), now());
         let worker = |rv: u64, ready: &str| with_ready(node("worker-1", rv, "p://a"), ready);
         apply_node(&mut st, Change::Upsert(worker(2, "True")), now());
-        assert!(!st.maybe_not_ready(&a), "Ready node");
+        assert!(candidates(&st).is_empty(), "Ready node");
         apply_node(&mut st, Change::Upsert(worker(3, "False")), now());
-        assert!(st.maybe_not_ready(&a), "found by provider ID");
+        assert_eq!(candidates(&st), ["a"], "found by provider ID");
         apply_node(&mut st, Change::Upsert(worker(4, "True")), now());
-        assert!(!st.maybe_not_ready(&a), "Ready again");
+        assert!(candidates(&st).is_empty(), "Ready again");
         apply_node(&mut st, Change::Upsert(worker(5, "Unknown")), now());
         apply_node(&mut st, Change::Delete(node("worker-1", 6, "p://a")), now());
-        assert!(!st.maybe_not_ready(&a), "a deleted Node is no candidate");
+        assert!(candidates(&st).is_empty(), "a deleted Node is no candidate");
         apply_node(&mut st, Change::Reset(vec![worker(7, "False")]), now());
-        assert!(st.maybe_not_ready(&a), "a restart rebuilds the set");
-        // Not Ready twice over is one Node: Ready once clears it (the provider-ID index counts
-        // Nodes, not events).
+        assert_eq!(candidates(&st), ["a"], "a restart rebuilds the set");
+        // Not Ready twice over is one Node: Ready once clears it.
         apply_node(&mut st, Change::Upsert(worker(8, "False")), now());
         apply_node(&mut st, Change::Upsert(worker(9, "True")), now());
-        assert!(
-            !st.maybe_not_ready(&a),
-            "Ready after repeated NotReady events"
-        );
-        assert!(st.not_ready_pids.is_empty(), "{:?}", st.not_ready_pids);
+        assert!(candidates(&st).is_empty(), "Ready after repeated NotReady");
         // A NotReady Node whose provider ID changes no longer answers for the old one.
         apply_node(&mut st, Change::Upsert(worker(10, "False")), now());
         let moved = with_ready(node("worker-1", 11, "p://b"), "False");
         apply_node(&mut st, Change::Upsert(moved), now());
-        let by_pid_only = claim("x", 1, Some("p://a"));
-        assert!(!st.maybe_not_ready(&by_pid_only), "stale provider ID");
-        assert_eq!(st.not_ready_pids.keys().collect::<Vec<_>>(), ["p://b"]);
+        assert!(candidates(&st).is_empty(), "stale provider ID");
+        // The host claimed again: the new claim carries the same provider ID while the old
+        // one is still there, being deleted; only the new one is a candidate, and it stays one
+        // when the old one changes afterwards.
+        let b = claim("b", 12, Some("p://b"));
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(b)), now());
+        let mut old = claim("a", 13, Some("p://b"));
+        old.metadata.deletion_timestamp = Some(Time(now()));
+        apply_nodeclaim(&mut st, Change::Upsert(Arc::new(old.clone())), now());
+        assert_eq!(candidates(&st), ["b"]);
+        apply_nodeclaim(&mut st, Change::Delete(Arc::new(old)), now());
+        assert_eq!(candidates(&st), ["b"]);
+        // By node name too, and a claims restart refiles everything.
+        let mut named = claim("c", 14, None);
+        if let Some(s) = named.status.as_mut() {
+            s.node_name = Some("worker-1".into());
+        } else {
+            named.status = Some(crate::api::NodeClaimStatus {
+                node_name: Some("worker-1".into()),
+                ..Default::default()
+            });
+        }
+        apply_nodeclaim(&mut st, Change::Reset(vec![Arc::new(named)]), now());
+        assert_eq!(
+            candidates(&st),
+            ["c"],
+            "by nodeName; b is gone after the reset"
+        );
     }
 
     #[test]
