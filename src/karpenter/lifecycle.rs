@@ -183,6 +183,90 @@ fn taints(node: &Node) -> Vec<Taint> {
         .unwrap_or_default()
 }
 
+/// What a lifecycle pass needs of a claim's Node, taken under the state's read lock: the
+/// whole Node only when it still has to be registered (rare), a few facts otherwise.
+enum NodeSeen {
+    Unregistered(Box<Node>),
+    Registered {
+        name: String,
+        taints: Vec<Taint>,
+        ready: bool,
+        initialized_label: bool,
+    },
+}
+
+impl NodeSeen {
+    fn of(node: &Node) -> NodeSeen {
+        let labels = node.metadata.labels.as_ref();
+        let has = |k: &str| labels.is_some_and(|l| l.contains_key(k));
+        let taints = taints(node);
+        if taints.iter().any(|t| t.key == UNREGISTERED_TAINT_KEY) || !has(REGISTERED_LABEL) {
+            return NodeSeen::Unregistered(Box::new(node.clone()));
+        }
+        NodeSeen::Registered {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            taints,
+            ready: node_ready(node).is_some_and(|c| c.status == "True"),
+            initialized_label: has(INITIALIZED_LABEL),
+        }
+    }
+}
+
+/// Registration: sync once, as Karpenter does (later Node edits are the user's).
+async fn register<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    nc: &NodeClaim,
+    name: &str,
+    node: &Node,
+) -> Result<(), KarpenterError> {
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    let node_labels = node.metadata.labels.clone().unwrap_or_default();
+    let current = taints(node);
+    let mut labels: BTreeMap<String, String> = nc.metadata.labels.clone().unwrap_or_default();
+    labels.insert(REGISTERED_LABEL.into(), "true".into());
+    let mut new_taints: Vec<Taint> = current
+        .iter()
+        .filter(|t| t.key != UNREGISTERED_TAINT_KEY)
+        .cloned()
+        .collect();
+    if !node_labels.contains_key(REGISTERED_LABEL) {
+        for t in nc.spec.taints.iter().chain(nc.spec.startup_taints.iter()) {
+            if !new_taints
+                .iter()
+                .any(|x| x.key == t.key && x.effect == t.effect)
+            {
+                new_taints.push(t.clone());
+            }
+        }
+    }
+    let mut owners = node.metadata.owner_references.clone().unwrap_or_default();
+    if !owners.iter().any(|o| o.kind == "NodeClaim") {
+        owners.push(OwnerReference {
+            api_version: "karpenter.sh/v1".into(),
+            kind: "NodeClaim".into(),
+            name: name.to_string(),
+            uid: nc.metadata.uid.clone().unwrap_or_default(),
+            block_owner_deletion: Some(true),
+            controller: None,
+        });
+    }
+    let mut fins = node.metadata.finalizers.clone().unwrap_or_default();
+    if !fins.iter().any(|f| f == TERMINATION_FINALIZER) {
+        fins.push(TERMINATION_FINALIZER.into());
+    }
+    let patch = json!({
+        "metadata": {
+            "labels": labels,
+            "ownerReferences": owners,
+            "finalizers": fins,
+            "resourceVersion": node.metadata.resource_version,
+        },
+        "spec": {"taints": new_taints},
+    });
+    ctx.cluster.patch::<Node>(None, &node_name, &patch).await?;
+    Ok(())
+}
+
 /// One NodeClaim.
 #[tracing::instrument(skip_all, fields(nodeclaim = ?nc.metadata.name))]
 pub async fn reconcile<C: Cluster, T: Transport>(
@@ -195,8 +279,8 @@ pub async fn reconcile<C: Cluster, T: Transport>(
         return Ok(());
     }
     let name = nc.metadata.name.clone().unwrap_or_default();
-    let node = state.read().node_of(nc).cloned();
-    let Some(node) = node else {
+    let seen = state.read().node_of(nc).map(NodeSeen::of);
+    let Some(seen) = seen else {
         let registered = condition_true(nc, "Registered");
         let created = nc.metadata.creation_timestamp.as_ref().map(|t| t.0);
         if !registered && created.is_some_and(|t| ctx.clock.since(t) >= cfg.registration_timeout) {
@@ -216,56 +300,15 @@ pub async fn reconcile<C: Cluster, T: Transport>(
         }
         return Ok(());
     };
-    let node_name = node.metadata.name.clone().unwrap_or_default();
-    let node_labels = node.metadata.labels.clone().unwrap_or_default();
-    let current = taints(&node);
-    let unregistered = current.iter().any(|t| t.key == UNREGISTERED_TAINT_KEY);
-    if unregistered || !node_labels.contains_key(REGISTERED_LABEL) {
-        // Registration: sync once, as Karpenter does (later Node edits are the user's).
-        let mut labels: BTreeMap<String, String> = nc.metadata.labels.clone().unwrap_or_default();
-        labels.insert(REGISTERED_LABEL.into(), "true".into());
-        let mut new_taints: Vec<Taint> = current
-            .iter()
-            .filter(|t| t.key != UNREGISTERED_TAINT_KEY)
-            .cloned()
-            .collect();
-        if !node_labels.contains_key(REGISTERED_LABEL) {
-            for t in nc.spec.taints.iter().chain(nc.spec.startup_taints.iter()) {
-                if !new_taints
-                    .iter()
-                    .any(|x| x.key == t.key && x.effect == t.effect)
-                {
-                    new_taints.push(t.clone());
-                }
-            }
-        }
-        let mut owners = node.metadata.owner_references.clone().unwrap_or_default();
-        if !owners.iter().any(|o| o.kind == "NodeClaim") {
-            owners.push(OwnerReference {
-                api_version: "karpenter.sh/v1".into(),
-                kind: "NodeClaim".into(),
-                name: name.clone(),
-                uid: nc.metadata.uid.clone().unwrap_or_default(),
-                block_owner_deletion: Some(true),
-                controller: None,
-            });
-        }
-        let mut fins = node.metadata.finalizers.clone().unwrap_or_default();
-        if !fins.iter().any(|f| f == TERMINATION_FINALIZER) {
-            fins.push(TERMINATION_FINALIZER.into());
-        }
-        let patch = json!({
-            "metadata": {
-                "labels": labels,
-                "ownerReferences": owners,
-                "finalizers": fins,
-                "resourceVersion": node.metadata.resource_version,
-            },
-            "spec": {"taints": new_taints},
-        });
-        ctx.cluster.patch::<Node>(None, &node_name, &patch).await?;
-        return Ok(());
-    }
+    let (node_name, current, ready, initialized_label) = match seen {
+        NodeSeen::Unregistered(node) => return register(ctx, nc, &name, &node).await,
+        NodeSeen::Registered {
+            name,
+            taints,
+            ready,
+            initialized_label,
+        } => (name, taints, ready, initialized_label),
+    };
     let startup_left: Vec<&str> = nc
         .spec
         .startup_taints
@@ -277,14 +320,14 @@ pub async fn reconcile<C: Cluster, T: Transport>(
         })
         .map(|s| s.key.as_str())
         .collect();
-    let ready = node_ready(&node).is_some_and(|c| c.status == "True");
     let initialized = ready && startup_left.is_empty();
-    if initialized && !node_labels.contains_key(INITIALIZED_LABEL) {
+    if initialized && !initialized_label {
         let patch = json!({"metadata": {"labels": {INITIALIZED_LABEL: "true"}}});
         ctx.cluster.patch::<Node>(None, &node_name, &patch).await?;
     }
-    let mut updated = nc.clone();
-    let status = updated.status.get_or_insert_with(Default::default);
+    // The status alone: most passes change nothing, and the claim's metadata and spec are
+    // copied only for a write.
+    let mut status = nc.status.clone().unwrap_or_default();
     status.node_name = Some(node_name.clone());
     upsert_condition(
         &mut status.conditions,
@@ -329,7 +372,12 @@ pub async fn reconcile<C: Cluster, T: Transport>(
         )
     };
     upsert_condition(&mut status.conditions, "Ready", all, r, &m, &ctx.clock);
-    if updated.status != nc.status {
+    if nc.status.as_ref() != Some(&status) {
+        let updated = NodeClaim {
+            metadata: nc.metadata.clone(),
+            spec: nc.spec.clone(),
+            status: Some(status),
+        };
         let written = ctx.cluster.replace_status(&updated).await?;
         state.observe_claim(written);
         if initialized && !condition_true(nc, "Initialized") {
