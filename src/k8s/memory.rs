@@ -7,6 +7,7 @@
 //! is ordered (BTreeMap, sequence-numbered UIDs, injected clock) so that a seed replays exactly.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -62,8 +63,9 @@ pub struct MemoryCluster {
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Key {
-    api_version: String,
-    kind: String,
+    // Borrowed from the type's constants: a key is built for every call.
+    api_version: Cow<'static, str>,
+    kind: Cow<'static, str>,
     namespace: String,
     name: String,
 }
@@ -211,8 +213,8 @@ impl MemoryCluster {
 
     fn key<K: Object>(ns: Option<&str>, name: &str) -> Key {
         Key {
-            api_version: K::api_version(&()).into_owned(),
-            kind: K::kind(&()).into_owned(),
+            api_version: K::api_version(&()),
+            kind: K::kind(&()),
             namespace: ns.unwrap_or_default().to_string(),
             name: name.to_string(),
         }
@@ -229,10 +231,14 @@ impl MemoryCluster {
             return Err(st.conflict(&key.kind, &display));
         }
         st.stats.status_writes += 1;
-        *st.stats
-            .status_writes_by_kind
-            .entry(key.kind.clone())
-            .or_default() += 1;
+        match st.stats.status_writes_by_kind.get_mut(&*key.kind) {
+            Some(n) => *n += 1,
+            None => {
+                st.stats
+                    .status_writes_by_kind
+                    .insert(key.kind.to_string(), 1);
+            }
+        }
         // Spec and metadata stay the stored ones (the status subresource ignores them), so
         // the generation stays and only the resourceVersion moves. A write that changes
         // nothing keeps its resourceVersion, as on a real API server.
@@ -413,8 +419,8 @@ impl State {
         ns: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a Key, &'a Shared)> + 'a {
         let start = Key {
-            api_version: K::api_version(&()).into_owned(),
-            kind: K::kind(&()).into_owned(),
+            api_version: K::api_version(&()),
+            kind: K::kind(&()),
             namespace: ns.unwrap_or_default().to_string(),
             name: String::new(),
         };
@@ -469,7 +475,7 @@ impl State {
             .get(key)
             .cloned()
             .ok_or_else(|| ClusterError::NotFound {
-                kind: key.kind.clone(),
+                kind: key.kind.to_string(),
                 key: display.to_string(),
             })
     }
@@ -720,7 +726,7 @@ impl Cluster for MemoryCluster {
         st.check_fault(WriteKind::Create, &key.kind, &display)?;
         if st.objects.contains_key(&key) {
             return Err(ClusterError::AlreadyExists {
-                kind: key.kind,
+                kind: key.kind.into_owned(),
                 key: display,
             });
         }

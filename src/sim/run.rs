@@ -7,6 +7,7 @@
 //! one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -342,29 +343,56 @@ fn launched(nc: &NodeClaim) -> Option<&str> {
     })
 }
 
-fn host_line(h: &SSHHost) -> String {
-    let empty = SSHHostStatus::default();
-    let s = h.status.as_ref().unwrap_or(&empty);
-    format!(
-        "{} claim={} marker={} token={}",
-        s.state,
-        s.claim_ref.as_ref().map_or("-", |c| c.name.as_str()),
-        s.installed_profile.as_deref().unwrap_or("-"),
-        if s.bootstrap_token_id.is_some() {
-            "set"
-        } else {
-            "-"
-        }
-    )
+/// An API event's trace line, formatted only when written (see `Runner::line_with`).
+enum ApiLine {
+    Host(Arc<SSHHost>),
+    Claim(Arc<NodeClaim>),
+    /// A deletion: kind and name.
+    Gone(&'static str, String),
+    Text(String),
 }
 
-fn claim_line(nc: &NodeClaim) -> String {
-    format!(
-        "launched={} deleting={} finalizers={}",
-        launched(nc).unwrap_or("-"),
-        nc.metadata.deletion_timestamp.is_some(),
-        nc.metadata.finalizers.as_ref().map_or(0, Vec::len)
-    )
+impl ApiLine {
+    fn write(&self, out: &mut String) {
+        let _ = match self {
+            ApiLine::Host(h) => {
+                let empty = SSHHostStatus::default();
+                let s = h.status.as_ref().unwrap_or(&empty);
+                write!(
+                    out,
+                    "A SSHHost {} {} claim={} marker={} token={}",
+                    h.metadata.name.as_deref().unwrap_or_default(),
+                    s.state,
+                    s.claim_ref.as_ref().map_or("-", |c| c.name.as_str()),
+                    s.installed_profile.as_deref().unwrap_or("-"),
+                    if s.bootstrap_token_id.is_some() {
+                        "set"
+                    } else {
+                        "-"
+                    }
+                )
+            }
+            ApiLine::Claim(nc) => write!(
+                out,
+                "A NodeClaim {} launched={} deleting={} finalizers={}",
+                nc.metadata.name.as_deref().unwrap_or_default(),
+                launched(nc).unwrap_or("-"),
+                nc.metadata.deletion_timestamp.is_some(),
+                nc.metadata.finalizers.as_ref().map_or(0, Vec::len)
+            ),
+            ApiLine::Gone(kind, name) => write!(out, "D {kind} {name}"),
+            ApiLine::Text(t) => {
+                out.push_str(t);
+                Ok(())
+            }
+        };
+    }
+
+    fn text(&self) -> String {
+        let mut s = String::new();
+        self.write(&mut s);
+        s
+    }
 }
 
 /// Everything the invariants need between steps.
@@ -433,6 +461,8 @@ struct Runner<'a> {
     api_faults: Arc<AtomicU64>,
     hasher: Sha256,
     trace: Vec<String>,
+    /// The buffer trace lines are formatted in.
+    line_buf: String,
     events_seen: usize,
     faults: BTreeMap<String, u64>,
     fault_active: BTreeMap<usize, Duration>,
@@ -456,12 +486,21 @@ struct Runner<'a> {
 
 impl Runner<'_> {
     fn line(&mut self, t: Duration, text: String) {
-        let line = format!("{:>9.3} {text}", t.as_secs_f64());
+        self.line_with(t, |out| out.push_str(&text));
+    }
+
+    /// A trace line written by `text` into a reused buffer: a 10,000-host day has millions.
+    fn line_with(&mut self, t: Duration, text: impl FnOnce(&mut String)) {
+        let mut line = std::mem::take(&mut self.line_buf);
+        line.clear();
+        let _ = write!(line, "{:>9.3} ", t.as_secs_f64());
+        text(&mut line);
         self.hasher.update(line.as_bytes());
         self.hasher.update(b"\n");
         if self.opts.keep_trace {
-            self.trace.push(line);
+            self.trace.push(line.clone());
         }
+        self.line_buf = line;
     }
 
     /// Run a write of the simulation itself (demand, fault actions) past the fault injector.
@@ -475,17 +514,14 @@ impl Runner<'_> {
 
     /// Take the watches' news: mirror, trace, per-host state changes, secret scan.
     fn observe(&mut self, now: Duration) {
-        let mut items: Vec<(u64, String)> = vec![];
+        let mut items: Vec<(u64, ApiLine)> = vec![];
         let mut texts: Vec<(String, String)> = vec![];
         for ev in drain(&mut self.watches.hosts) {
             match ev {
                 WatchEvent::Restarted(all) => self.mirror.reset_hosts(all),
                 WatchEvent::Applied(h) => {
                     let n = name_of(&h.metadata);
-                    items.push((
-                        rv_of(&h.metadata),
-                        format!("A SSHHost {n} {}", host_line(&h)),
-                    ));
+                    items.push((rv_of(&h.metadata), ApiLine::Host(h.clone())));
                     if let Some(e) = h.status.as_ref().and_then(|s| s.last_probe_error.clone()) {
                         texts.push((format!("SSHHost {n} status"), e));
                     }
@@ -493,7 +529,7 @@ impl Runner<'_> {
                 }
                 WatchEvent::Deleted(h) => {
                     let n = name_of(&h.metadata);
-                    items.push((rv_of(&h.metadata), format!("D SSHHost {n}")));
+                    items.push((rv_of(&h.metadata), ApiLine::Gone("SSHHost", n.clone())));
                     self.mirror.remove_host(&n);
                 }
             }
@@ -503,10 +539,7 @@ impl Runner<'_> {
                 WatchEvent::Restarted(all) => self.mirror.reset_claims(all),
                 WatchEvent::Applied(c) => {
                     let n = name_of(&c.metadata);
-                    items.push((
-                        rv_of(&c.metadata),
-                        format!("A NodeClaim {n} {}", claim_line(&c)),
-                    ));
+                    items.push((rv_of(&c.metadata), ApiLine::Claim(c.clone())));
                     for cond in c.status.iter().flat_map(|s| s.conditions.iter()) {
                         texts.push((format!("NodeClaim {n} condition"), cond.message.clone()));
                     }
@@ -514,7 +547,7 @@ impl Runner<'_> {
                 }
                 WatchEvent::Deleted(c) => {
                     let n = name_of(&c.metadata);
-                    items.push((rv_of(&c.metadata), format!("D NodeClaim {n}")));
+                    items.push((rv_of(&c.metadata), ApiLine::Gone("NodeClaim", n.clone())));
                     self.mirror.remove_claim(&n);
                 }
             }
@@ -536,14 +569,14 @@ impl Runner<'_> {
                     let deleting = c.metadata.deletion_timestamp.is_some();
                     items.push((
                         rv_of(&c.metadata),
-                        format!("A Node {n} deleting={deleting}"),
+                        ApiLine::Text(format!("A Node {n} deleting={deleting}")),
                     ));
                     self.mirror.nodes.insert(n.clone(), c);
                     self.track_node(&n);
                 }
                 WatchEvent::Deleted(c) => {
                     let n = name_of(&c.metadata);
-                    items.push((rv_of(&c.metadata), format!("D Node {n}")));
+                    items.push((rv_of(&c.metadata), ApiLine::Text(format!("D Node {n}"))));
                     self.mirror.nodes.remove(&n);
                     self.track_node(&n);
                 }
@@ -557,7 +590,10 @@ impl Runner<'_> {
                 }
                 WatchEvent::Applied(c) => {
                     let n = name_of(&c.metadata);
-                    items.push((rv_of(&c.metadata), format!("A Secret {TOKEN_NS}/{n}")));
+                    items.push((
+                        rv_of(&c.metadata),
+                        ApiLine::Text(format!("A Secret {TOKEN_NS}/{n}")),
+                    ));
                     if let Some(half) = c.data.as_ref().and_then(|d| d.get("token-secret")) {
                         self.checks
                             .secrets
@@ -567,14 +603,21 @@ impl Runner<'_> {
                 }
                 WatchEvent::Deleted(c) => {
                     let n = name_of(&c.metadata);
-                    items.push((rv_of(&c.metadata), format!("D Secret {TOKEN_NS}/{n}")));
+                    items.push((
+                        rv_of(&c.metadata),
+                        ApiLine::Text(format!("D Secret {TOKEN_NS}/{n}")),
+                    ));
                     self.mirror.tokens.remove(&n);
                 }
             }
         }
-        items.sort();
-        for (rv, text) in items {
-            self.line(now, format!("api rv={rv} {text}"));
+        // In resourceVersion order, ties by text (as sorting the formatted lines did).
+        items.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.text().cmp(&b.1.text())));
+        for (rv, item) in items {
+            self.line_with(now, |out| {
+                let _ = write!(out, "api rv={rv} ");
+                item.write(out);
+            });
         }
         let journal = self.world.transport.drain_journal();
         for t in &journal.tokens_seen {
@@ -1254,6 +1297,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         api_faults,
         hasher: Sha256::new(),
         trace: vec![],
+        line_buf: String::new(),
         events_seen: 0,
         faults: BTreeMap::new(),
         fault_active: BTreeMap::new(),
