@@ -273,14 +273,25 @@ fn installed_profile(host: &SSHHost) -> Option<&str> {
 
 impl ViewInner {
     fn insert(&mut self, host: Arc<SSHHost>) {
-        let name = host.metadata.name.clone().unwrap_or_default();
-        let same_membership = self
-            .hosts
-            .get(&name)
-            .is_some_and(|old| same_offering(old, &host));
-        if !same_membership {
+        let name = host.metadata.name.as_deref().unwrap_or_default();
+        let old = self.hosts.get_mut(name);
+        if !old.as_ref().is_some_and(|old| same_offering(old, &host)) {
             self.membership += 1;
         }
+        // Most versions (a probe's stamp, a phase's progress) keep the claim and the install
+        // marker: replace the host and leave the indexes be.
+        let claim = host.claim().map(|c| c.uid.as_str());
+        let indexed =
+            claim.is_none_or(|uid| self.by_claim.get(uid).map(String::as_str) == Some(name));
+        if let Some(old) = old
+            && old.claim().map(|c| c.uid.as_str()) == claim
+            && indexed
+            && installed_profile(old) == installed_profile(&host)
+        {
+            *old = host;
+            return;
+        }
+        let name = name.to_string();
         self.remove(&name);
         if let Some(c) = host.claim() {
             self.by_claim.insert(c.uid.clone(), name.clone());
@@ -480,6 +491,49 @@ mod tests {
             ["c"],
             "a restart replaces all"
         );
+    }
+
+    /// A version that keeps its claim takes the shortcut past the indexes; one that moves,
+    /// drops or contests a claim goes through them, with the same outcome as before.
+    #[test]
+    fn claim_holders_follow_versions_that_keep_move_or_contest_a_claim() {
+        use crate::api::ClaimRef;
+        let view = HostView::default();
+        let host = |name: &str, rv: u64, uid: Option<&str>| {
+            let mut h = host_object("pool", name, "small", &SimHost::new("10.0.0.1", 2, 1));
+            h.metadata.resource_version = Some(rv.to_string());
+            h.status = Some(SSHHostStatus {
+                state: HostState::Claimed,
+                claim_ref: uid.map(|u| ClaimRef {
+                    name: format!("nc-{u}"),
+                    uid: u.into(),
+                }),
+                ..Default::default()
+            });
+            h
+        };
+        view.upsert(host("a", 1, Some("u1")));
+        view.upsert(host("a", 2, Some("u1")));
+        assert_eq!(view.holder("u1").as_deref(), Some("a"), "kept");
+        assert_eq!(
+            view.get("a").and_then(|h| h.metadata.resource_version),
+            Some("2".into())
+        );
+        // b takes the same claim (a conflict the router resolves): the latest holder is indexed,
+        // and a's next version with the claim takes it back, shortcut or not.
+        view.upsert(host("b", 3, Some("u1")));
+        assert_eq!(view.holder("u1").as_deref(), Some("b"));
+        view.upsert(host("a", 4, Some("u1")));
+        assert_eq!(view.holder("u1").as_deref(), Some("a"));
+        view.upsert(host("a", 5, Some("u2")));
+        assert_eq!(
+            view.holder("u1"),
+            None,
+            "a moved on; b's entry was replaced"
+        );
+        assert_eq!(view.holder("u2").as_deref(), Some("a"));
+        view.upsert(host("a", 6, None));
+        assert_eq!(view.holder("u2"), None);
     }
 
     #[test]
