@@ -493,6 +493,24 @@ mod tests {
         );
     }
 
+    /// Host `name` at resourceVersion `rv` in `state`, its status then edited by `edit`.
+    fn versioned(
+        name: &str,
+        rv: u64,
+        state: HostState,
+        edit: impl FnOnce(&mut SSHHostStatus),
+    ) -> crate::api::SSHHost {
+        let mut h = host_object("pool", name, "small", &SimHost::new("10.0.0.1", 2, 1));
+        h.metadata.resource_version = Some(rv.to_string());
+        let mut status = SSHHostStatus {
+            state,
+            ..Default::default()
+        };
+        edit(&mut status);
+        h.status = Some(status);
+        h
+    }
+
     /// A version that keeps its claim takes the shortcut past the indexes; one that moves,
     /// drops or contests a claim goes through them, with the same outcome as before.
     #[test]
@@ -500,17 +518,11 @@ mod tests {
         use crate::api::ClaimRef;
         let view = HostView::default();
         let host = |name: &str, rv: u64, uid: Option<&str>| {
-            let mut h = host_object("pool", name, "small", &SimHost::new("10.0.0.1", 2, 1));
-            h.metadata.resource_version = Some(rv.to_string());
-            h.status = Some(SSHHostStatus {
-                state: HostState::Claimed,
-                claim_ref: uid.map(|u| ClaimRef {
-                    name: format!("nc-{u}"),
-                    uid: u.into(),
-                }),
-                ..Default::default()
+            let claim_ref = uid.map(|u| ClaimRef {
+                name: format!("nc-{u}"),
+                uid: u.into(),
             });
-            h
+            versioned(name, rv, HostState::Claimed, |s| s.claim_ref = claim_ref)
         };
         view.upsert(host("a", 1, Some("u1")));
         view.upsert(host("a", 2, Some("u1")));
@@ -540,14 +552,9 @@ mod tests {
     fn profile_use_is_counted_per_install_marker() {
         let view = HostView::default();
         let host = |name: &str, rv: u64, marker: Option<&str>| {
-            let mut h = host_object("pool", name, "small", &SimHost::new("10.0.0.1", 2, 1));
-            h.metadata.resource_version = Some(rv.to_string());
-            h.status = Some(SSHHostStatus {
-                state: HostState::Available,
-                installed_profile: marker.map(str::to_string),
-                ..Default::default()
-            });
-            h
+            versioned(name, rv, HostState::Available, |s| {
+                s.installed_profile = marker.map(str::to_string)
+            })
         };
         view.upsert(host("a", 1, Some("p@1")));
         view.upsert(host("b", 1, Some("p@2")));
