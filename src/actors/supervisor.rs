@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::Context;
-use super::host::{HostActor, HostMsg};
+use super::host::{HostActor, HostMsg, SeenVersion};
 use crate::api::{HostState, SSHHost};
 use crate::k8s::{Cluster, WatchEvent};
 use crate::ssh::Transport;
@@ -38,9 +38,15 @@ impl<C: Cluster, T: Transport> Default for Supervisor<C, T> {
     }
 }
 
+/// A running host actor and the newest host version it holds.
+struct HostHandle {
+    actor: ActorRef<HostMsg>,
+    seen: SeenVersion,
+}
+
 pub struct SupervisorState<C: Cluster, T: Transport> {
     ctx: Context<C, T>,
-    actors: BTreeMap<String, ActorRef<HostMsg>>,
+    actors: BTreeMap<String, HostHandle>,
     names: BTreeMap<ActorId, String>,
     watches: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -80,8 +86,8 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
         for w in state.watches.drain(..) {
             w.abort();
         }
-        for actor in state.actors.values() {
-            actor.stop(None);
+        for h in state.actors.values() {
+            h.actor.stop(None);
         }
         Ok(())
     }
@@ -96,8 +102,8 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
             SupervisorMsg::Host(ev) => on_host_event(&myself, state, *ev).await,
             SupervisorMsg::Node(ev) => on_node_event(state, *ev),
             SupervisorMsg::ToHost(name, m) => {
-                if let Some(a) = state.actors.get(&name)
-                    && a.send_message(m).is_ok()
+                if let Some(h) = state.actors.get(&name)
+                    && h.actor.send_message(m).is_ok()
                 {
                     state.ctx.metrics.mailbox_in("host");
                 }
@@ -190,8 +196,10 @@ async fn upsert_host<C: Cluster, T: Transport>(
 ) {
     let name = host.metadata.name.clone().unwrap_or_default();
     match state.actors.get(&name) {
-        Some(a) => {
-            if a.send_message(HostMsg::Observed(host)).is_ok() {
+        // Its own write echoed back, or a version it re-read: nothing new for the actor.
+        Some(h) if h.seen.has(crate::actors::context::rv(&host)) => {}
+        Some(h) => {
+            if h.actor.send_message(HostMsg::Observed(host)).is_ok() {
                 state.ctx.metrics.mailbox_in("host");
             }
         }
@@ -205,11 +213,12 @@ async fn spawn_host<C: Cluster, T: Transport>(
     host: Arc<SSHHost>,
 ) {
     let name = host.metadata.name.clone().unwrap_or_default();
-    let args = (state.ctx.clone(), host);
+    let seen = SeenVersion::default();
+    let args = (state.ctx.clone(), host, seen.clone());
     match Actor::spawn_linked(None, HostActor::<C, T>::default(), args, myself.get_cell()).await {
         Ok((actor, _)) => {
             state.names.insert(actor.get_id(), name.clone());
-            state.actors.insert(name, actor);
+            state.actors.insert(name, HostHandle { actor, seen });
             state.ctx.metrics.host_actors.set(state.actors.len() as i64);
         }
         Err(e) => tracing::error!(host = %name, error = %e, "could not start host actor"),
@@ -217,9 +226,9 @@ async fn spawn_host<C: Cluster, T: Transport>(
 }
 
 fn stop_host<C: Cluster, T: Transport>(state: &mut SupervisorState<C, T>, name: &str) {
-    if let Some(a) = state.actors.remove(name) {
-        state.names.remove(&a.get_id());
-        a.stop(Some("SSHHost deleted".into()));
+    if let Some(h) = state.actors.remove(name) {
+        state.names.remove(&h.actor.get_id());
+        h.actor.stop(Some("SSHHost deleted".into()));
         state.ctx.metrics.host_actors.set(state.actors.len() as i64);
     }
 }
@@ -253,8 +262,10 @@ fn on_node_event<C: Cluster, T: Transport>(state: &SupervisorState<C, T>, ev: Wa
             Some(name) => Some(name.to_string()),
             None => adopt_candidate(state, &node),
         };
-        if let Some(a) = host.and_then(|h| state.actors.get(&h))
-            && a.send_message(HostMsg::NodeSeen(Box::new(node))).is_ok()
+        if let Some(h) = host.and_then(|h| state.actors.get(&h))
+            && h.actor
+                .send_message(HostMsg::NodeSeen(Box::new(node)))
+                .is_ok()
         {
             state.ctx.metrics.mailbox_in("host");
         }

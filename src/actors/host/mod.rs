@@ -43,6 +43,25 @@ pub enum HostMsg {
     AdoptDeadline(ClaimRef),
 }
 
+/// The resourceVersion of the newest SSHHost a host actor holds. Only the actor writes it;
+/// the supervisor reads it to drop watch events the actor has already seen (mostly its own
+/// status writes), which would otherwise cost a message each and change nothing.
+#[derive(Clone, Debug, Default)]
+pub struct SeenVersion(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl SeenVersion {
+    fn publish(&self, version: u64) {
+        self.0
+            .fetch_max(version, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the actor already holds this version or a newer one (never for an unreadable
+    /// version, 0: that one is always delivered).
+    pub fn has(&self, version: u64) -> bool {
+        version != 0 && version <= self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 pub struct HostActor<C: Cluster, T: Transport> {
     _ports: PhantomData<fn() -> (C, T)>,
 }
@@ -61,6 +80,9 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     pub name: String,
     /// Latest version seen (watch or own write); every write is a CAS against it.
     pub host: std::sync::Arc<SSHHost>,
+    /// `host`'s resourceVersion, published so that the supervisor does not forward a version
+    /// this actor already has (its own writes come back on the watch).
+    pub seen: SeenVersion,
     /// A CapacityDrift event was emitted for the current episode (`None`: no probe has
     /// judged drift since this actor started).
     pub drift_reported: Option<bool>,
@@ -90,8 +112,10 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
     pub fn observe(&mut self, host: impl Into<std::sync::Arc<SSHHost>>) {
         use crate::actors::context::rv;
         let host = host.into();
-        if rv(&host) >= rv(&self.host) {
+        let version = rv(&host);
+        if version >= rv(&self.host) {
             self.host = self.ctx.hosts.share(host);
+            self.seen.publish(version);
         }
     }
 
@@ -152,12 +176,12 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
 impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
     type Msg = HostMsg;
     type State = HostActorState<C, T>;
-    type Arguments = (Context<C, T>, std::sync::Arc<SSHHost>);
+    type Arguments = (Context<C, T>, std::sync::Arc<SSHHost>, SeenVersion);
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        (ctx, host): Self::Arguments,
+        (ctx, host, seen): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let name = host.metadata.name.clone().unwrap_or_default();
         // Probe at once: a new host, or an actor rebuilt after a crash, learns where it stands.
@@ -165,10 +189,12 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         ctx.metrics.mailbox_in("host");
         let myself = myself.clone();
         let host = ctx.hosts.share(host);
+        seen.publish(crate::actors::context::rv(&host));
         Ok(HostActorState {
             ctx,
             name,
             host,
+            seen,
             drift_reported: None,
             probe_ticket: 0,
             failures: 0,
@@ -221,5 +247,25 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             HostMsg::AdoptDeadline(claim) => Box::pin(launch::adopt_deadline(state, &claim)).await,
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SeenVersion;
+
+    /// The supervisor drops a watch event only when the actor already holds that version or a
+    /// newer one; an older publish never lowers the mark, and an unreadable version (0) is
+    /// always delivered.
+    #[test]
+    fn seen_version_holds_the_newest_and_never_hides_an_unreadable_one() {
+        let seen = SeenVersion::default();
+        assert!(!seen.has(1), "nothing published yet");
+        seen.publish(7);
+        assert!(seen.has(7) && seen.has(3));
+        assert!(!seen.has(8), "a newer version is delivered");
+        seen.publish(5);
+        assert!(seen.has(7), "an older publish does not lower the mark");
+        assert!(!seen.has(0), "an unreadable version is always delivered");
     }
 }
