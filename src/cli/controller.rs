@@ -22,8 +22,9 @@ pub struct ControllerArgs {
     /// Probe period of an unchanged host (Go duration: 90s, 2m, 1h30m).
     #[arg(long, env = "KPSSH_PROBE_INTERVAL", default_value = "2m", value_parser = parse_duration)]
     pub probe_interval: Duration,
-    /// Refresh period of status.lastProbeTime when nothing else changes.
-    #[arg(long, env = "KPSSH_PROBE_REFRESH", default_value = "15m", value_parser = parse_duration)]
+    /// Refresh period of status.lastProbeTime when nothing else changes (an unchanged probe
+    /// writes nothing before that).
+    #[arg(long, env = "KPSSH_PROBE_REFRESH", default_value = "1h", value_parser = parse_duration)]
     pub probe_refresh: Duration,
     #[arg(long, env = "KPSSH_MAX_CONCURRENT_PROBES", default_value_t = 64)]
     pub max_concurrent_probes: usize,

@@ -119,13 +119,13 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
         }
     }
 
-    /// The transport target: cached for `probe_refresh`, rebuilt at once when the spec or the
+    /// The transport target: cached for `target_refresh`, rebuilt at once when the spec or the
     /// pinned fingerprint changed (key rotation is picked up within that period).
     pub async fn target(
         &mut self,
     ) -> Result<std::sync::Arc<crate::ssh::HostTarget>, target::TargetError> {
         let ns = self.ctx.pool_ns().to_string();
-        let refresh = self.ctx.config.probe_refresh;
+        let refresh = self.ctx.config.target_refresh;
         if let Some(t) = self
             .target
             .as_ref()
