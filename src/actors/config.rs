@@ -10,7 +10,7 @@ pub struct Config {
     pub probe_interval: Duration,
     /// `lastProbeTime` is refreshed at most this often when nothing else changed (an hour:
     /// S4 asks an unchanged probe to write nothing, and at 10,000 hosts every 15 minutes
-    /// would be 11 writes a second to etcd that tell nothing but the time).
+    /// would be about 10 writes a second to etcd that tell nothing but the time).
     pub probe_refresh: Duration,
     /// A host's SSH target (key Secret, pinned host key) is rebuilt at least this often, so a
     /// rotated key is picked up without an edit to the host.

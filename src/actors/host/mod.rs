@@ -50,6 +50,10 @@ pub enum HostMsg {
 pub struct SeenVersion(std::sync::Arc<std::sync::atomic::AtomicU64>);
 
 impl SeenVersion {
+    fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     fn publish(&self, version: u64) {
         self.0
             .fetch_max(version, std::sync::atomic::Ordering::Release);
@@ -58,7 +62,7 @@ impl SeenVersion {
     /// Whether the actor already holds this version or a newer one (never for an unreadable
     /// version, 0: that one is always delivered).
     pub fn has(&self, version: u64) -> bool {
-        version != 0 && version <= self.0.load(std::sync::atomic::Ordering::Acquire)
+        version != 0 && version <= self.get()
     }
 }
 
@@ -113,7 +117,9 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
         use crate::actors::context::rv;
         let host = host.into();
         let version = rv(&host);
-        if version >= rv(&self.host) {
+        // `seen` is the held host's version (published here and only here), so the held
+        // object's resourceVersion string is not parsed again for every write.
+        if version >= self.seen.get() {
             self.host = self.ctx.hosts.share(host);
             self.seen.publish(version);
         }
