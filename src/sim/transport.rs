@@ -6,7 +6,7 @@
 //! [`Journal`] with virtual timestamps (the simulation's trace, counters and the invariants
 //! that only the host side can see).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -68,24 +68,54 @@ struct Link {
     phase_latency: Duration,
 }
 
-/// The simulated hosts by address, and the addresses whose kubelet runs: the zombie check
-/// looks at those every step, not at the whole fleet.
+/// The simulated hosts in the order they were added, found by address, and the running
+/// kubelets: the zombie check looks at those every step, not at the whole fleet, and reaches
+/// each without a lookup by address.
 #[derive(Default)]
 struct Fleet {
-    hosts: BTreeMap<String, SimHost>,
-    kubelets: BTreeSet<String>,
+    slots: Vec<SimHost>,
+    by_address: BTreeMap<String, usize>,
+    /// Address → slot of every host whose kubelet runs (address order, as before).
+    kubelets: BTreeMap<String, usize>,
 }
 
 impl Fleet {
+    fn get(&self, address: &str) -> Option<&SimHost> {
+        self.by_address.get(address).map(|i| &self.slots[*i])
+    }
+
+    fn get_mut(&mut self, address: &str) -> Option<&mut SimHost> {
+        self.by_address.get(address).map(|i| &mut self.slots[*i])
+    }
+
+    /// Add a host (or replace the one at its address); its slot.
+    fn add(&mut self, host: SimHost) -> usize {
+        let address = host.address.clone();
+        let slot = match self.by_address.get(&address) {
+            Some(i) => {
+                self.slots[*i] = host;
+                *i
+            }
+            None => {
+                self.slots.push(host);
+                self.by_address
+                    .insert(address.clone(), self.slots.len() - 1);
+                self.slots.len() - 1
+            }
+        };
+        self.track(&address);
+        slot
+    }
+
     /// Call after any change to the host at `address`.
     fn track(&mut self, address: &str) {
-        let running = self
-            .hosts
-            .get(address)
-            .is_some_and(SimHost::kubelet_running);
-        if running != self.kubelets.contains(address) {
+        let Some(&slot) = self.by_address.get(address) else {
+            return;
+        };
+        let running = self.slots[slot].kubelet_running();
+        if running != self.kubelets.contains_key(address) {
             if running {
-                self.kubelets.insert(address.to_string());
+                self.kubelets.insert(address.to_string(), slot);
             } else {
                 self.kubelets.remove(address);
             }
@@ -125,39 +155,41 @@ impl SimTransport {
         *self.rng.lock().unwrap_or_else(|p| p.into_inner()) = ChaCha8Rng::seed_from_u64(seed);
     }
 
-    pub fn add(&self, host: SimHost) {
-        let mut fleet = self.lock();
-        let address = host.address.clone();
-        fleet.hosts.insert(address.clone(), host);
-        fleet.track(&address);
+    /// Add a host (or replace the one at its address). Hosts are numbered in the order they
+    /// were first added (see [`SimTransport::filter_map_kubelet_running`]); this is its number.
+    pub fn add(&self, host: SimHost) -> usize {
+        self.lock().add(host)
     }
 
     /// Read or change a host.
     pub fn with<R>(&self, address: &str, f: impl FnOnce(&mut SimHost) -> R) -> Option<R> {
         let mut fleet = self.lock();
-        let out = fleet.hosts.get_mut(address).map(f);
+        let out = fleet.get_mut(address).map(f);
         fleet.track(address);
         out
     }
 
     pub fn host(&self, address: &str) -> Option<SimHost> {
-        self.lock().hosts.get(address).cloned()
+        self.lock().get(address).cloned()
     }
 
     /// Visit every host, in address order.
     pub fn each<R>(&self, mut f: impl FnMut(&SimHost) -> R) -> Vec<R> {
-        self.lock().hosts.values().map(&mut f).collect()
+        let fleet = self.lock();
+        (fleet.by_address.values())
+            .map(|i| f(&fleet.slots[*i]))
+            .collect()
     }
 
-    /// Visit every host whose kubelet runs, in address order, keeping what `f` returns.
+    /// Visit every host whose kubelet runs, in address order, with its number (the order it
+    /// was added in, as [`SimTransport::add`] returned), keeping what `f` returns.
     pub fn filter_map_kubelet_running<R>(
         &self,
-        mut f: impl FnMut(&SimHost) -> Option<R>,
+        mut f: impl FnMut(usize, &SimHost) -> Option<R>,
     ) -> Vec<R> {
         let fleet = self.lock();
-        (fleet.kubelets.iter())
-            .filter_map(|a| fleet.hosts.get(a))
-            .filter_map(&mut f)
+        (fleet.kubelets.values())
+            .filter_map(|i| f(*i, &fleet.slots[*i]))
             .collect()
     }
 
@@ -174,7 +206,7 @@ impl SimTransport {
         let fleet = self.lock();
         candidates
             .iter()
-            .filter_map(|a| fleet.hosts.get(a))
+            .filter_map(|a| fleet.get(a))
             .find(|h| h.kubelet_node() == Some(node))
             .map(|h| (h.address.clone(), h.last_leave_ok == Some(false)))
     }
@@ -227,14 +259,12 @@ impl SimTransport {
     /// included): a probe is the simulation's hottest path.
     fn connect(&self, target: &HostTarget, probe: bool) -> Result<Link, TransportError> {
         let mut fleet = self.lock();
-        let host =
-            fleet
-                .hosts
-                .get_mut(&target.address)
-                .ok_or_else(|| TransportError::DialRefused {
-                    host: target.host.clone(),
-                    address: target.address.clone(),
-                })?;
+        let host = fleet
+            .get_mut(&target.address)
+            .ok_or_else(|| TransportError::DialRefused {
+                host: target.host.clone(),
+                address: target.address.clone(),
+            })?;
         if !host.reachable || !host.powered {
             return Err(TransportError::DialRefused {
                 host: target.host.clone(),

@@ -257,12 +257,15 @@ pub fn apply_facts(
 /// Whether [`apply_facts`] (not for a zombie) and the Ready condition's sync would leave this
 /// status as it is: the probe saw what is recorded.
 fn facts_recorded(s: &SSHHostStatus, report: &ProbeReport, generation: Option<i64>) -> bool {
+    // Compared without formatting: this runs for every probe of every host.
     let capacity_same = s.observed_capacity.as_ref().is_some_and(|c| {
         c.len() == 2
             && c.get("cpu")
-                .is_some_and(|q| q.0 == report.facts.cpu.to_string())
-            && c.get("memory")
-                .is_some_and(|q| q.0 == format!("{}Ki", report.facts.memory_kib))
+                .is_some_and(|q| spells(&q.0, u64::from(report.facts.cpu)))
+            && c.get("memory").is_some_and(|q| {
+                q.0.strip_suffix("Ki")
+                    .is_some_and(|n| spells(n, report.facts.memory_kib))
+            })
     });
     s.host_key_fingerprint.is_some()
         && capacity_same
@@ -271,6 +274,14 @@ fn facts_recorded(s: &SSHHostStatus, report: &ProbeReport, generation: Option<i6
         && s.last_probe_error.is_none()
         && !matches!(s.state, HostState::Pending | HostState::Unhealthy)
         && ready_condition_synced(s, generation)
+}
+
+/// Whether `text` is exactly `n` in decimal, as `n.to_string()` would write it: digits only,
+/// as many as `n` has (so no leading zero or sign), and the same value.
+fn spells(text: &str, n: u64) -> bool {
+    text.len() == n.checked_ilog10().map_or(1, |d| d as usize + 1)
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && text.parse::<u64>() == Ok(n)
 }
 
 async fn record_failure<C: Cluster, T: Transport>(
@@ -388,4 +399,25 @@ pub async fn write<C: Cluster, T: Transport>(
         state.observe(updated);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spells;
+
+    /// The steady probe's "nothing changed" test must agree with what `apply_facts` would
+    /// write (`to_string`), or an unchanged host would be written every probe, or a changed
+    /// one never.
+    #[test]
+    fn spells_agrees_with_to_string() {
+        for n in [0u64, 7, 10, 16, 99, 100, 65_536, 16_777_216, u64::MAX] {
+            assert!(spells(&n.to_string(), n), "{n}");
+            assert!(!spells(&format!("0{n}"), n), "leading zero for {n}");
+            assert!(!spells(&format!("+{n}"), n), "sign for {n}");
+            assert!(!spells(&n.wrapping_add(1).to_string(), n), "{n} + 1");
+        }
+        assert!(!spells("", 0));
+        assert!(!spells("4 ", 4));
+        assert!(!spells("5", 4));
+    }
 }
