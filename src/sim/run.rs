@@ -458,6 +458,10 @@ struct Runner<'a> {
     by_addr: HashMap<String, usize>,
     watches: Watches,
     mirror: Mirror,
+    /// Whether each host's claim (by `infos` index) is a mirrored NodeClaim
+    /// ([`Mirror::claim_live`]): what the zombie check asks of every running kubelet at
+    /// every step, refreshed only for the hosts an observed event can change.
+    claim_live: Vec<bool>,
     checks: Checks,
     node_deletions: Arc<Mutex<Vec<Violation>>>,
     suspended: Arc<AtomicBool>,
@@ -519,14 +523,22 @@ impl Runner<'_> {
     fn observe(&mut self, now: Duration) {
         let mut items: Vec<(u64, ApiLine)> = vec![];
         let mut texts: Vec<(String, String)> = vec![];
+        // Hosts whose claim liveness an event may have changed (`None`: all of them).
+        let mut moved: Option<Vec<String>> = Some(vec![]);
         for ev in drain(&mut self.watches.hosts) {
             match ev {
-                WatchEvent::Restarted(all) => self.mirror.reset_hosts(all),
+                WatchEvent::Restarted(all) => {
+                    self.mirror.reset_hosts(all);
+                    moved = None;
+                }
                 WatchEvent::Applied(h) => {
                     let n = name_of(&h.metadata);
                     items.push((rv_of(&h.metadata), ApiLine::Host(h.clone())));
                     if let Some(e) = h.status.as_ref().and_then(|s| s.last_probe_error.clone()) {
                         texts.push((format!("SSHHost {n} status"), e));
+                    }
+                    if let Some(moved) = &mut moved {
+                        moved.push(n.clone());
                     }
                     self.mirror.put_host(n, h);
                 }
@@ -534,27 +546,36 @@ impl Runner<'_> {
                     let n = name_of(&h.metadata);
                     items.push((rv_of(&h.metadata), ApiLine::Gone("SSHHost", n.clone())));
                     self.mirror.remove_host(&n);
+                    if let Some(moved) = &mut moved {
+                        moved.push(n);
+                    }
                 }
             }
         }
         for ev in drain(&mut self.watches.claims) {
             match ev {
-                WatchEvent::Restarted(all) => self.mirror.reset_claims(all),
+                WatchEvent::Restarted(all) => {
+                    self.mirror.reset_claims(all);
+                    moved = None;
+                }
                 WatchEvent::Applied(c) => {
                     let n = name_of(&c.metadata);
                     items.push((rv_of(&c.metadata), ApiLine::Claim(c.clone())));
                     for cond in c.status.iter().flat_map(|s| s.conditions.iter()) {
                         texts.push((format!("NodeClaim {n} condition"), cond.message.clone()));
                     }
-                    self.mirror.put_claim(n, c);
+                    self.mirror.put_claim(n, c.clone());
+                    self.claim_moved(&c, &mut moved);
                 }
                 WatchEvent::Deleted(c) => {
                     let n = name_of(&c.metadata);
                     items.push((rv_of(&c.metadata), ApiLine::Gone("NodeClaim", n.clone())));
                     self.mirror.remove_claim(&n);
+                    self.claim_moved(&c, &mut moved);
                 }
             }
         }
+        self.refresh_claim_live(moved);
         for ev in drain(&mut self.watches.nodes) {
             match ev {
                 WatchEvent::Restarted(all) => {
@@ -694,6 +715,30 @@ impl Runner<'_> {
                     }
                 }
             }
+        }
+    }
+
+    /// A NodeClaim came or went: the hosts whose claim carries its UID may have changed
+    /// liveness (hosts are mirrored before claims, so the holders are current).
+    fn claim_moved(&self, c: &NodeClaim, moved: &mut Option<Vec<String>>) {
+        let (Some(moved), Some(uid)) = (moved.as_mut(), c.metadata.uid.as_deref()) else {
+            return;
+        };
+        if let Some(holders) = self.mirror.host_index.holders.get(uid) {
+            moved.extend(holders.iter().cloned());
+        }
+    }
+
+    /// Recompute [`Runner::claim_live`] for the hosts that moved (all when `None`).
+    fn refresh_claim_live(&mut self, moved: Option<Vec<String>>) {
+        let names: Vec<String> =
+            moved.unwrap_or_else(|| self.infos.iter().map(|i| i.name.clone()).collect());
+        for name in names {
+            let Some(&i) = self.by_name.get(&name) else {
+                continue;
+            };
+            self.claim_live[i] = (self.mirror.host_index.claim_of.get(&name))
+                .is_some_and(|(claim, uid)| self.mirror.claim_live(claim, uid));
         }
     }
 
@@ -900,9 +945,13 @@ impl Runner<'_> {
         }
         for i in running {
             let name = &self.infos[i].name;
-            let claim_live = (self.mirror.host_index.claim_of.get(name))
-                .is_some_and(|(claim, uid)| self.mirror.claim_live(claim, uid));
-            if claim_live {
+            debug_assert_eq!(
+                self.claim_live[i],
+                (self.mirror.host_index.claim_of.get(name))
+                    .is_some_and(|(claim, uid)| self.mirror.claim_live(claim, uid)),
+                "claim liveness of {name} is stale"
+            );
+            if self.claim_live[i] {
                 self.checks.zombie_since.remove(name);
                 continue;
             }
@@ -1293,6 +1342,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         by_addr,
         watches,
         mirror: Mirror::default(),
+        claim_live: vec![false; hosts],
         checks: Checks::default(),
         node_deletions,
         suspended,

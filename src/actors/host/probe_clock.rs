@@ -9,7 +9,8 @@
 //! schedules the next one with a new ticket, and the entry it replaced arrives carrying a
 //! ticket the actor no longer holds, which it ignores.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::{Arc, OnceLock};
 
 use ractor::ActorRef;
@@ -52,21 +53,56 @@ impl ProbeClock {
     }
 }
 
-/// Due probes by time, then by the order they were scheduled in (so that probes due at the
-/// same instant go out in a replayable order).
-type Queue = BTreeMap<(Instant, u64), (ActorRef<HostMsg>, u64)>;
+/// Due probes, earliest first: by time, then by the order they were scheduled in (so that
+/// probes due at the same instant go out in a replayable order). A heap rather than an
+/// ordered map: only the earliest is ever looked at, and a fleet day pushes and pops
+/// millions.
+type Queue = BinaryHeap<Reverse<Queued>>;
+
+/// One entry of the queue, ordered by `(at, seq)` alone (`seq` is unique).
+struct Queued {
+    at: Instant,
+    seq: u64,
+    to: ActorRef<HostMsg>,
+    ticket: u64,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
 
 async fn deliver(mut rx: mpsc::UnboundedReceiver<Due>, metrics: SharedMetrics) {
     let mut queue = Queue::new();
     let mut seq = 0u64;
     let mut push = |queue: &mut Queue, due: Due| {
         seq += 1;
-        queue.insert((due.at, seq), (due.to, due.ticket));
+        queue.push(Reverse(Queued {
+            at: due.at,
+            seq,
+            to: due.to,
+            ticket: due.ticket,
+        }));
     };
     let sleep = tokio::time::sleep_until(Instant::now());
     tokio::pin!(sleep);
     loop {
-        let next = queue.first_key_value().map(|(k, _)| k.0);
+        let next = queue.peek().map(|q| q.0.at);
         if let Some(at) = next
             && sleep.deadline() != at
         {
@@ -83,11 +119,13 @@ async fn deliver(mut rx: mpsc::UnboundedReceiver<Due>, metrics: SharedMetrics) {
             }
             () = &mut sleep, if next.is_some() => {
                 let now = Instant::now();
-                while let Some(entry) = queue.first_entry() {
-                    if entry.key().0 > now {
+                while let Some(Reverse(first)) = queue.peek() {
+                    if first.at > now {
                         break;
                     }
-                    let (to, ticket) = entry.remove();
+                    let Some(Reverse(Queued { to, ticket, .. })) = queue.pop() else {
+                        break;
+                    };
                     if to.send_message(HostMsg::ProbeDue(ticket)).is_ok() {
                         metrics.mailbox_in("host");
                     }
