@@ -74,7 +74,8 @@ struct Link {
 #[derive(Default)]
 struct Fleet {
     slots: Vec<SimHost>,
-    by_address: BTreeMap<String, usize>,
+    /// Hashed: every session looks its host up here, and addresses share long prefixes.
+    by_address: HashMap<String, usize>,
     /// Address → slot of every host whose kubelet runs (address order, as before).
     kubelets: BTreeMap<String, usize>,
 }
@@ -173,12 +174,9 @@ impl SimTransport {
         self.lock().get(address).cloned()
     }
 
-    /// Visit every host, in address order.
-    pub fn each<R>(&self, mut f: impl FnMut(&SimHost) -> R) -> Vec<R> {
-        let fleet = self.lock();
-        (fleet.by_address.values())
-            .map(|i| f(&fleet.slots[*i]))
-            .collect()
+    /// Visit every host, in the order they were added.
+    pub fn each<R>(&self, f: impl FnMut(&SimHost) -> R) -> Vec<R> {
+        self.lock().slots.iter().map(f).collect()
     }
 
     /// Visit every host whose kubelet runs, in address order, with its number (the order it

@@ -94,6 +94,9 @@ fn schedule<C: Cluster, T: Transport>(
     );
 }
 
+// The rare branches of a probe (zombies, failures, a registration to recheck, an orphaned
+// Node) are boxed: inline, their futures made every probe's future several kilobytes, built
+// and moved for each of the millions of steady probes a large fleet runs a day.
 async fn probe_once<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
 ) -> Result<(), ClusterError> {
@@ -102,7 +105,7 @@ async fn probe_once<C: Cluster, T: Transport>(
     }
     match state.state() {
         // A zombie leave was cut short (crash, restart): finish it.
-        HostState::Leaving => return registration::zombie_leave(state).await,
+        HostState::Leaving => return Box::pin(registration::zombie_leave(state)).await,
         HostState::Claimed | HostState::InUse if registration::release_if_stale(state).await? => {
             return Ok(());
         }
@@ -110,7 +113,7 @@ async fn probe_once<C: Cluster, T: Transport>(
     }
     let target = match state.target().await {
         Ok(t) => t,
-        Err(e) => return record_failure(state, e.to_string()).await,
+        Err(e) => return Box::pin(record_failure(state, e.to_string())).await,
     };
     let shim = (state.host.spec.exec_mode == ExecMode::Verified)
         .then(|| state.host.spec.shim_command.clone());
@@ -149,7 +152,7 @@ async fn probe_once<C: Cluster, T: Transport>(
         Err(message) => {
             // The key or pin may have changed in the Secret: read it again next time.
             state.forget_target();
-            record_failure(state, message).await
+            Box::pin(record_failure(state, message)).await
         }
     }
 }
@@ -203,16 +206,22 @@ async fn record_success<C: Cluster, T: Transport>(
         report_capacity_drift(state).await;
     }
     if zombie {
-        registration::zombie_check(state).await?;
+        Box::pin(registration::zombie_check(state)).await?;
     }
     match state.state() {
         HostState::InUse => registration::collect_token(state).await?,
         // A registration whose recording failed earlier: look for the Node again.
-        HostState::Claimed => registration::recheck_registration(state).await?,
+        HostState::Claimed => Box::pin(registration::recheck_registration(state)).await?,
         // A token a failed release could not delete (S27: never orphaned).
         HostState::Available | HostState::Unhealthy | HostState::Pending => {
             registration::collect_token(state).await?;
-            registration::cleanup_orphan_node(state, report.facts.kubelet_active).await?;
+            if state.orphan_node.is_some() {
+                Box::pin(registration::cleanup_orphan_node(
+                    state,
+                    report.facts.kubelet_active,
+                ))
+                .await?;
+            }
         }
         _ => {}
     }
