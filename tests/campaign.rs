@@ -71,6 +71,13 @@ fn known(v: &str) -> Option<&'static str> {
         .map(|(_, _, what)| *what)
 }
 
+/// A line for the CI log: written to stderr directly, because libtest captures `println!`
+/// of a passing test, and the campaign's seeds and faults must show in every run.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 fn report(label: &str, runs: &[Summary], wall: Duration) -> Vec<String> {
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     for s in runs {
@@ -80,11 +87,11 @@ fn report(label: &str, runs: &[Summary], wall: Duration) -> Vec<String> {
     }
     let total: u64 = faults.values().sum();
     let claims: u64 = runs.iter().map(|s| s.nodeclaims_created).sum();
-    println!(
+    say(&format!(
         "{label}: {} seeds, {total} faults injected ({faults:?}), {claims} NodeClaims, {:.1}s wall",
         runs.len(),
         wall.as_secs_f64()
-    );
+    ));
     let mut violations = vec![];
     for s in runs {
         for v in &s.invariant_violations {
@@ -122,7 +129,9 @@ fn campaign_of_mixed_faults_holds_every_invariant() {
         }
     }
     for (what, (n, first)) in &known_hits {
-        println!("known actor-core bug, {n} hits: {what}\n  first: {first}");
+        say(&format!(
+            "known actor-core bug, {n} hits: {what}\n  first: {first}"
+        ));
     }
     assert!(
         violations.is_empty(),
@@ -164,11 +173,11 @@ fn same_seed_same_trace() {
     };
     let a = run_blocking(&scenario, 42, &opts).expect("first run");
     let b = run_blocking(&scenario, 42, &opts).expect("second run");
-    println!(
+    say(&format!(
         "trace hash {} ({} lines)",
         a.summary.trace_hash,
         a.trace.len()
-    );
+    ));
     assert!(a.trace.len() > 100, "a real trace");
     if a.summary.trace_hash != b.summary.trace_hash {
         let first = a
