@@ -61,7 +61,7 @@ pub struct MemoryCluster {
     clock: Clock,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
     // Borrowed from the type's constants: a key is built for every call.
     api_version: Cow<'static, str>,

@@ -211,6 +211,11 @@ impl Mirror {
         self.claim_names.get(uid).is_some_and(|n| n == name)
     }
 
+    /// Whether host `host` carries a claim that is a mirrored NodeClaim.
+    pub fn host_claim_live(&self, host: &str) -> bool {
+        (self.host_index.claim_of.get(host)).is_some_and(|(claim, uid)| self.claim_live(claim, uid))
+    }
+
     /// Per class: live NodeClaims, those of them no host holds yet, and free hosts.
     pub fn demand_census(&self) -> HashMap<String, ClassCensus> {
         debug_assert_eq!(

@@ -737,8 +737,7 @@ impl Runner<'_> {
             let Some(&i) = self.by_name.get(&name) else {
                 continue;
             };
-            self.claim_live[i] = (self.mirror.host_index.claim_of.get(&name))
-                .is_some_and(|(claim, uid)| self.mirror.claim_live(claim, uid));
+            self.claim_live[i] = self.mirror.host_claim_live(&name);
         }
     }
 
@@ -947,8 +946,7 @@ impl Runner<'_> {
             let name = &self.infos[i].name;
             debug_assert_eq!(
                 self.claim_live[i],
-                (self.mirror.host_index.claim_of.get(name))
-                    .is_some_and(|(claim, uid)| self.mirror.claim_live(claim, uid)),
+                self.mirror.host_claim_live(name),
                 "claim liveness of {name} is stale"
             );
             if self.claim_live[i] {

@@ -89,23 +89,18 @@ impl Fleet {
         self.by_address.get(address).map(|i| &mut self.slots[*i])
     }
 
-    /// Add a host (or replace the one at its address); its slot.
-    fn add(&mut self, host: SimHost) -> usize {
+    /// Add a host (or replace the one at its address).
+    fn add(&mut self, host: SimHost) {
         let address = host.address.clone();
-        let slot = match self.by_address.get(&address) {
-            Some(i) => {
-                self.slots[*i] = host;
-                *i
-            }
+        match self.by_address.get(&address) {
+            Some(&i) => self.slots[i] = host,
             None => {
                 self.slots.push(host);
                 self.by_address
                     .insert(address.clone(), self.slots.len() - 1);
-                self.slots.len() - 1
             }
-        };
+        }
         self.track(&address);
-        slot
     }
 
     /// Call after any change to the host at `address`.
@@ -157,9 +152,9 @@ impl SimTransport {
     }
 
     /// Add a host (or replace the one at its address). Hosts are numbered in the order they
-    /// were first added (see [`SimTransport::filter_map_kubelet_running`]); this is its number.
-    pub fn add(&self, host: SimHost) -> usize {
-        self.lock().add(host)
+    /// were first added (see [`SimTransport::filter_map_kubelet_running`]).
+    pub fn add(&self, host: SimHost) {
+        self.lock().add(host);
     }
 
     /// Read or change a host.
@@ -180,7 +175,7 @@ impl SimTransport {
     }
 
     /// Visit every host whose kubelet runs, in address order, with its number (the order it
-    /// was added in, as [`SimTransport::add`] returned), keeping what `f` returns.
+    /// was first added in, from 0), keeping what `f` returns.
     pub fn filter_map_kubelet_running<R>(
         &self,
         mut f: impl FnMut(usize, &SimHost) -> Option<R>,
