@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{
-    Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams, WatchEvent,
-    WatchParams,
+    Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams,
+    WatchEvent, WatchParams,
 };
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
@@ -408,15 +408,21 @@ async fn watch_sees_create_update_delete_in_order() {
     let client = cp.client().await;
     let ns = namespace(&client, "watch").await;
     let api = Api::<ConfigMap>::namespaced(client, &ns);
+    // Only the test's own object: the controller-manager publishes
+    // `kube-root-ca.crt` into every new namespace, racing with the watch.
+    let only_w = ListParams::default().fields("metadata.name=w");
     let rv = api
-        .list(&Default::default())
+        .list(&only_w)
         .await
         .expect("list")
         .metadata
         .resource_version
         .expect("list resourceVersion");
     let stream = api
-        .watch(&WatchParams::default().timeout(60), &rv)
+        .watch(
+            &WatchParams::default().fields("metadata.name=w").timeout(60),
+            &rv,
+        )
         .await
         .expect("watch");
     let mut stream = stream.boxed();
