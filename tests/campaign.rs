@@ -52,17 +52,13 @@ fn campaign(scenario: &Scenario, first: u64, seeds: u64) -> Vec<Summary> {
 
 /// Actor-core bugs this campaign found and that are still open. Each is reported with a
 /// reproducing seed; the campaign counts them but fails only on anything else, unless
-/// `KPSSH_CAMPAIGN_STRICT=1`. One is open. (Five earlier entries — Node deleted after a failed
+/// `KPSSH_CAMPAIGN_STRICT=1`. None is open. (Six earlier entries — Node deleted after a failed
 /// leave, registration not re-checked, Launched not retried, token orphaned by a failed
-/// release, and a token outliving a NodeClaim force-deleted during a hung join (seed 34) —
-/// were fixed in the actor core and are no longer tolerated.)
-const KNOWN_CORE_BUGS: &[(&str, &str, &str)] = &[(
-    "one-claim-per-host",
-    "while its kubelet still ran as",
-    "a host reboots while claimed and its kubelet, left enabled by a bad leave profile, \
-     rejoins as its old Node; the zombie guard acts only on unclaimed hosts, so the new \
-     claim's join runs over it (seed 2340 of KPSSH_CAMPAIGN_FIRST=1000)",
-)];
+/// release, a token outliving a NodeClaim force-deleted during a hung join (seed 34), and a
+/// join run over the old kubelet of a host that rebooted while claimed (seed 2340; the
+/// launch now probes and leaves first, `s9_kubelet_back_on_claimed_host_leaves_before_join`)
+/// — were fixed in the actor core and are no longer tolerated.)
+const KNOWN_CORE_BUGS: &[(&str, &str, &str)] = &[];
 
 fn known(v: &str) -> Option<&'static str> {
     KNOWN_CORE_BUGS

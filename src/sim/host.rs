@@ -59,6 +59,9 @@ pub struct SimHost {
     pub sessions: u64,
     /// Mains power: off means unreachable and no kubelet running (power loss).
     pub powered: bool,
+    /// Times the power went off: a session open across one was cut, even if the power is
+    /// back by the time the command would have finished.
+    pub power_cuts: u64,
     /// Extra time every SSH handshake takes (slow handshakes).
     pub handshake_delay: Duration,
     /// Seeded behaviour (latency distributions, failure and hang probabilities); `None`
@@ -155,6 +158,7 @@ impl SimHost {
             log: vec![],
             sessions: 0,
             powered: true,
+            power_cuts: 0,
             handshake_delay: Duration::ZERO,
             behaviour: None,
             leave_disables_kubelet: true,
@@ -185,6 +189,12 @@ impl SimHost {
     /// Phases this host ran, in order.
     pub fn phases(&self) -> Vec<SimPhase> {
         self.log.iter().filter_map(|r| r.phase).collect()
+    }
+
+    /// The power goes off (a reboot or a power loss begins).
+    pub fn power_off(&mut self) {
+        self.powered = false;
+        self.power_cuts += 1;
     }
 
     /// A reboot: services come back only if enabled (the warm-pool invariant).

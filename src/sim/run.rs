@@ -830,7 +830,7 @@ impl Runner<'_> {
                 let address = info.address.clone();
                 let name = info.name.clone();
                 tr.with(&address, |h| match kind {
-                    FaultKind::Reboot | FaultKind::PowerLoss => h.powered = false,
+                    FaultKind::Reboot | FaultKind::PowerLoss => h.power_off(),
                     FaultKind::SshRefusal => h.reachable = false,
                     FaultKind::HostKeyChange => {
                         h.fingerprint = format!("SHA256:{:0<43}", "rekeyed")

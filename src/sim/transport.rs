@@ -66,6 +66,8 @@ struct Link {
     behaviour: Option<super::host::Behaviour>,
     hang: Vec<SimPhase>,
     phase_latency: Duration,
+    /// The host's power cuts when the session opened.
+    power_cuts: u64,
 }
 
 /// The simulated hosts in the order they were added, found by address, and the running
@@ -288,6 +290,7 @@ impl SimTransport {
             behaviour: host.behaviour,
             hang: host.hang.clone(),
             phase_latency: host.phase_latency,
+            power_cuts: host.power_cuts,
         })
     }
 
@@ -426,7 +429,16 @@ impl Transport for SimTransport {
         }
         let (hang, injected_exit, latency) = self.outcome(&host, phase);
         let result = self
-            .finish(target, &cmd, phase, env, hang, injected_exit, latency)
+            .finish(
+                target,
+                &host,
+                &cmd,
+                phase,
+                env,
+                hang,
+                injected_exit,
+                latency,
+            )
             .await;
         if phase == Some(SimPhase::Leave) {
             self.with(&target.address, |h| h.leave_in_flight = false);
@@ -442,6 +454,7 @@ impl SimTransport {
     async fn finish(
         &self,
         target: &HostTarget,
+        session: &Link,
         cmd: &RemoteCommand,
         phase: Option<SimPhase>,
         env: BTreeMap<String, String>,
@@ -469,8 +482,9 @@ impl SimTransport {
         let mut double_join = None;
         let exit = self
             .with(&target.address, |h| {
-                if !h.powered {
-                    // The machine lost power while the command ran: the session dropped.
+                if !h.powered || h.power_cuts != session.power_cuts {
+                    // The machine lost power while the command ran (and may be back up by
+                    // now, its services started from their boot state): the session dropped.
                     return None;
                 }
                 h.log.push(ExecRecord {

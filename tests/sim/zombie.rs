@@ -88,7 +88,7 @@ async fn s11_failed_zombie_leave_is_retried_next_probe() {
 
 /// S12: the probe that will find a zombie kubelet is slow; a NodeClaim claims the host while it
 /// runs. The zombie check's Leaving CAS is fenced by the claim's resourceVersion, so the host
-/// never enters Leaving, no leave runs, and the claim goes on to join.
+/// never enters Leaving, and the claim goes on to join (its launch clears the kubelet first).
 #[tokio::test(start_paused = true)]
 async fn s12_claim_landing_during_zombie_check_wins() {
     use futures::StreamExt as _;
@@ -160,11 +160,115 @@ async fn s12_claim_landing_during_zombie_check_wins() {
         !states.contains(&HostState::Leaving),
         "the host entered Leaving: {states:?}"
     );
+    // The kubelet is still there when the claim's launch comes to join: the launch, not the
+    // zombie check, runs leave first (never through the Leaving state), then joins.
     let sim = w.transport.host("10.20.0.4").expect("sim");
-    assert!(
-        !sim.phases().contains(&SimPhase::Leave),
-        "no leave ran: {:?}",
-        sim.phases()
+    assert_eq!(sim.phases(), vec![SimPhase::Leave, SimPhase::Join]);
+}
+
+/// S9 on a claimed host (found by the fault campaign): a host rebooted while claimed, and the
+/// kubelet of its last Node, left enabled by a bad leave profile, came back before the new
+/// claim's join. The launch probes before it joins: leave runs first, the Node the old
+/// kubelet ran as is deleted once it is stopped, and only then does the join run — the host
+/// never backs two Nodes.
+#[tokio::test(start_paused = true)]
+async fn s9_kubelet_back_on_claimed_host_leaves_before_join() {
+    use k8s_openapi::api::core::v1::Node;
+    use kpssh::sim::world::node_claim;
+
+    let w = world().await;
+    let mut sim = SimHost::new("10.20.0.5", 2, 4_000_000);
+    // A cold host: the install takes a minute, the window in which the old kubelet returns.
+    sim.phase_latency = MINUTE;
+    w.add_host("z", "small", sim).await.expect("host");
+    wait_state(&w, "z", HostState::Available, MINUTE).await;
+    w.cluster
+        .create(&node_claim("nc-new", "pool", "1", "1Gi"))
+        .await
+        .expect("nodeclaim");
+    wait_state(&w, "z", HostState::Claimed, MINUTE).await;
+    let old_env = std::collections::BTreeMap::from([
+        ("KPSSH_NODE_NAME".to_string(), "old-node".to_string()),
+        ("KPSSH_NODE_ADDRESS".to_string(), "10.20.0.5".to_string()),
+    ]);
+    w.transport.with("10.20.0.5", |s| {
+        s.kubelet_enabled = true;
+        s.kubelet_active = true;
+        s.kubelet_env = Some(old_env.clone());
+    });
+    // The returning kubelet registers its old Node again.
+    w.transport.kubelet_restarted("10.20.0.5");
+    let old_registered = w
+        .until(MINUTE, || async {
+            w.cluster
+                .get::<Node>(None, "old-node")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        })
+        .await;
+    assert!(old_registered, "the old kubelet registered its Node");
+
+    wait_state(&w, "z", HostState::InUse, 5 * MINUTE).await;
+    let sim = w.transport.host("10.20.0.5").expect("sim");
+    assert_eq!(
+        sim.phases(),
+        vec![SimPhase::Install, SimPhase::Leave, SimPhase::Join],
+        "leave ran between install and join"
     );
-    assert!(!reasons(&w).contains(&"ZombieKubelet".to_string()));
+    let new_node = sim
+        .kubelet_node()
+        .expect("the new kubelet runs")
+        .to_string();
+    assert_ne!(new_node, "old-node");
+    let old_gone = w
+        .until(MINUTE, || async {
+            w.cluster
+                .get::<Node>(None, "old-node")
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+        })
+        .await;
+    assert!(old_gone, "the old kubelet's Node is deleted");
+    assert!(reasons(&w).contains(&"ZombieKubelet".to_string()));
+    let violations = w.transport.drain_journal().violations;
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+/// The simulated host's side of the same fault: a reboot that begins and ends while a phase
+/// runs cuts that phase's session, even though the host is up again when the command would
+/// have finished. (Before, the session survived and the join ran over the kubelet the reboot
+/// had brought back.)
+#[tokio::test(start_paused = true)]
+async fn reboot_during_a_phase_cuts_its_session() {
+    let w = world().await;
+    let mut sim = SimHost::new("10.20.0.6", 2, 4_000_000);
+    sim.phase_latency = MINUTE;
+    w.add_host("r", "small", sim).await.expect("host");
+    wait_state(&w, "r", HostState::Available, MINUTE).await;
+    w.cluster
+        .create(&kpssh::sim::world::node_claim("nc-r", "pool", "1", "1Gi"))
+        .await
+        .expect("nodeclaim");
+    wait_state(&w, "r", HostState::Claimed, MINUTE).await;
+    // The install is in flight for a minute; the host reboots for ten seconds inside it.
+    w.transport.with("10.20.0.6", |s| s.power_off());
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+    w.transport.with("10.20.0.6", |s| {
+        s.powered = true;
+        s.reboot();
+    });
+    let cut = w
+        .until(2 * MINUTE, || async {
+            w.transport
+                .drain_journal()
+                .actions
+                .iter()
+                .any(|a| a.host == "10.20.0.6" && a.what == "install cut off by power loss")
+        })
+        .await;
+    assert!(cut, "the install's session was cut by the reboot");
 }

@@ -9,10 +9,10 @@ use super::{HostActorState, target};
 use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::karpenter::TERMINATION_FINALIZER;
-use crate::api::{HostState, NodeClaim};
+use crate::api::{ExecMode, HostState, NodeClaim};
 use crate::k8s::{Cluster, ClusterError, EventType, finalizers};
 use crate::profile::phase::Phase;
-use crate::ssh::Transport;
+use crate::ssh::{HostTarget, Transport};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -348,6 +348,72 @@ async fn zombie_leave_inner<C: Cluster, T: Transport>(
         }
     }
     Ok(())
+}
+
+/// The zombie guard on a claimed host, right before its join. A host that rebooted while
+/// claimed comes back with the kubelet of its last Node running if a leave profile only
+/// stopped it; joining over it would leave one host backing two Nodes. So: probe, and if a
+/// kubelet runs that is not this claim's own (`node_name`, a launch resumed after its join),
+/// run leave, then delete the Node it ran as (its kubelet is stopped now). A probe that fails
+/// changes nothing: the join's own session meets the same host.
+pub async fn leave_stale_kubelet<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    target: &HostTarget,
+    node_name: &str,
+) -> Result<(), PhaseFailure> {
+    let shim = (state.host.spec.exec_mode == ExecMode::Verified)
+        .then_some(state.host.spec.shim_command.as_str());
+    let probe = state.ctx.transport.probe(target, shim);
+    let Ok(Ok(report)) = tokio::time::timeout(state.ctx.config.probe_timeout, probe).await else {
+        return Ok(());
+    };
+    if !report.facts.kubelet_active {
+        return Ok(());
+    }
+    let node = node_with_ip(state).await.map_err(touched)?;
+    if node.as_ref().and_then(|n| n.metadata.name.as_deref()) == Some(node_name) {
+        return Ok(());
+    }
+    let span = zombie_span(state);
+    leave_before_join(state, node).instrument(span).await
+}
+
+async fn leave_before_join<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    node: Option<Node>,
+) -> Result<(), PhaseFailure> {
+    let msg = format!(
+        "kubelet active on claimed host {} before its join (running as Node {}); running leave first",
+        state.key(),
+        node.as_ref()
+            .and_then(|n| n.metadata.name.as_deref())
+            .unwrap_or("not registered")
+    );
+    events::record(
+        &state.ctx.cluster,
+        &*state.host,
+        EventType::Warning,
+        events::ZOMBIE_KUBELET,
+        msg,
+    )
+    .await;
+    if let Err(f) = leave(state).await {
+        zombie_action(state, "leave_failed");
+        return Err(f);
+    }
+    zombie_action(state, "leave");
+    if let Some(node) = &node {
+        delete_node(state, node).await.map_err(touched)?;
+    }
+    Ok(())
+}
+
+/// An API error after the host was touched.
+fn touched(e: ClusterError) -> PhaseFailure {
+    PhaseFailure {
+        message: e.to_string(),
+        touched_host: true,
+    }
 }
 
 fn zombie_action<C: Cluster, T: Transport>(state: &HostActorState<C, T>, action: &str) {
