@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::lifecycle::condition_true;
+use super::provisioning::pack::{capacity_with_node, pool_usage, within_limits};
 use super::provisioning::{
     NewClaim, PoolOffer, build_claim, claim_name, claim_type, unheld_per_type,
 };
@@ -80,6 +81,10 @@ pub fn progress(st: &Inner, old: &NodeClaim) -> Option<Progress> {
 pub struct Replacer {
     offer: PoolOffer,
     reserved: BTreeMap<String, i64>,
+    /// What the pool's NodeClaims take (capacity and `nodes`), with the replacements launched
+    /// this round: a replacement runs beside the claim it replaces, so it must fit the
+    /// NodePool's limits as well (S36: limits are never exceeded).
+    usage: BTreeMap<String, i128>,
 }
 
 impl Replacer {
@@ -94,15 +99,27 @@ impl Replacer {
         let st = state.read();
         let daemonsets: Vec<_> = st.daemonsets.values().cloned().collect();
         let reserved = unheld_per_type(ctx, &st.nodeclaims);
+        let by_name = types.iter().map(|t| (t.name.clone(), t.clone())).collect();
+        let pool_name = pool.metadata.name.clone().unwrap_or_default();
+        let usage = pool_usage(&st.nodeclaims, &by_name)
+            .remove(&pool_name)
+            .unwrap_or_default();
         Some(Replacer {
             offer: PoolOffer::new(pool, class, types, &daemonsets),
             reserved,
+            usage,
         })
     }
 
-    /// A replacement of `ty` was launched: one host of it fewer for the rest of the round.
+    /// A replacement of `ty` was launched: one host of it fewer, and its capacity taken from
+    /// the pool's limits, for the rest of the round.
     pub fn reserve(&mut self, ty: &str) {
         *self.reserved.entry(ty.to_string()).or_insert(0) += 1;
+        if let Some(it) = self.offer.types.iter().find(|t| t.name == ty) {
+            for (k, v) in capacity_with_node(it) {
+                *self.usage.entry(k).or_insert(0) += v;
+            }
+        }
     }
 
     /// One node of the cheapest instance type with a claimable host that takes every pod `node`
@@ -126,6 +143,7 @@ impl Replacer {
             .iter()
             .filter(|c| !cheaper || (c.it.price < price && c.it.name != current))
             .filter(|c| c.it.claimable as i64 > self.reserved.get(&c.it.name).copied().unwrap_or(0))
+            .filter(|c| within_limits(&self.offer, Some(&self.usage), &c.it))
             .collect();
         if choices.is_empty() {
             return None;

@@ -490,3 +490,52 @@ async fn s39_drifted_node_gets_its_replacement_before_it_is_drained() {
         "disrupted as Drifted"
     );
 }
+
+/// S36 with S39: the pool is at its limit (cpu 2: one small node), so a drifted node's
+/// replacement would exceed it while both run. No replacement is launched; the drifted claim
+/// is disrupted first and its pod gets a new node once the old one is gone. At no moment does
+/// the pool hold more than one NodeClaim.
+#[tokio::test(start_paused = true)]
+async fn s36_s39_drifted_node_at_the_pool_limit_is_not_replaced_beside_itself() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    let e = env().await;
+    hosts(&e, "h", "small", 2, 2, 4, 77).await;
+    let mut np = consolidating("Never");
+    np.spec.limits.insert("cpu".into(), Quantity("2".into()));
+    e.w.cluster.create(&np).await.expect("np");
+    let first = one_running_pod(&e).await;
+    bump_template(&e).await;
+    let most = std::cell::Cell::new(0usize);
+    let ok =
+        e.w.until(15 * MINUTE, || async {
+            let cs = claims(&e).await;
+            most.set(most.get().max(cs.len()));
+            cs.len() == 1
+                && cs[0].metadata.name.as_deref() != Some(first.as_str())
+                && running(&e).await == 1
+        })
+        .await;
+    assert!(
+        ok,
+        "the drifted claim was disrupted and its pod runs again: {:?}",
+        reasons(&e)
+    );
+    assert_eq!(
+        most.get(),
+        1,
+        "the pool held more NodeClaims than its cpu limit allows"
+    );
+    let events = e.w.cluster.events();
+    assert!(
+        !events.iter().any(|ev| ev.reason == "DisruptionLaunching"),
+        "no replacement beside the drifted claim"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|ev| ev.reason == "DisruptionTerminating" && ev.message.contains("Drifted")),
+        "disrupted as Drifted: {:?}",
+        reasons(&e)
+    );
+}

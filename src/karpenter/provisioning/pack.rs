@@ -174,13 +174,15 @@ pub struct PackOutcome<'a> {
     pub unplaced: Vec<(&'a PodInfo, String)>,
 }
 
-fn capacity_with_node(it: &InstanceType) -> BTreeMap<String, i128> {
+/// What one node of `it` adds to its NodePool's usage: its capacity and one `nodes`.
+pub fn capacity_with_node(it: &InstanceType) -> BTreeMap<String, i128> {
     let mut c = it.capacity.clone();
     c.insert("nodes".into(), 1000);
     c
 }
 
-fn within_limits(
+/// Whether one more node of `it` keeps the pool within its limits, given what it uses now.
+pub fn within_limits(
     offer: &PoolOffer,
     used: Option<&BTreeMap<String, i128>>,
     it: &InstanceType,
