@@ -13,6 +13,8 @@ use kpssh::sim::scenario::Scenario;
 
 /// A small fleet under every fault at once, at rates far above any real fleet's.
 const CAMPAIGN: &str = include_str!("../examples/sim/campaign.yaml");
+/// Pod demand through a NodePool with a cpu limit, under the same faults.
+const POOLS: &str = include_str!("../examples/sim/pools.yaml");
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -129,6 +131,43 @@ fn campaign_of_mixed_faults_holds_every_invariant() {
             "known actor-core bug, {n} hits: {what}\n  first: {first}"
         ));
     }
+    assert!(
+        violations.is_empty(),
+        "{} violations:\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
+}
+
+/// Pod demand (`demand[].pool`): pending pods become NodeClaims through Karpenter's
+/// provisioning, the simulated kube-scheduler binds them, consolidation hands empty nodes
+/// back, all under every fault. The pool's limit (four nodes) is met — pods are held pending
+/// by it in many runs — and never exceeded (`nodepool-limits`), nor any other invariant.
+#[test]
+fn pod_demand_campaign_holds_nodepool_limits() {
+    let scenario = Scenario::from_yaml(POOLS).expect("pools scenario");
+    let seeds = env_u64("KPSSH_POOLS_SEEDS", 100);
+    let first = env_u64("KPSSH_CAMPAIGN_FIRST", 1);
+    let start = Instant::now();
+    let runs = campaign(&scenario, first, seeds);
+    let violations = report("pod-demand campaign", &runs, start.elapsed());
+    let held: u64 = runs.iter().map(|s| s.provisioning_blocked_by_limits).sum();
+    let limited = runs
+        .iter()
+        .filter(|s| s.provisioning_blocked_by_limits > 0)
+        .count();
+    say(&format!(
+        "pod-demand campaign: the NodePool limit held pods pending {held} times, in {limited} of {} runs",
+        runs.len()
+    ));
+    assert!(
+        limited * 4 >= runs.len(),
+        "the limit must bind in a good share of runs, or the invariant tests nothing"
+    );
+    assert!(
+        runs.iter().map(|s| s.nodeclaims_created).sum::<u64>() > seeds,
+        "provisioning created NodeClaims for the pods"
+    );
     assert!(
         violations.is_empty(),
         "{} violations:\n{}",

@@ -114,6 +114,10 @@ pub fn table(s: &Summary) -> String {
         ),
         ("leaves", s.leaves.to_string()),
         ("launch failures", s.launch_failures.to_string()),
+        (
+            "pods held by limits",
+            s.provisioning_blocked_by_limits.to_string(),
+        ),
         ("zombies cleaned", s.zombies_cleaned.to_string()),
         (
             "NodeClaim -> running (s)",

@@ -9,6 +9,7 @@ pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod transport;
+pub mod workload;
 pub mod world;
 
 pub use host::{SimHost, SimPhase};

@@ -24,7 +24,8 @@ use sha2::{Digest, Sha256};
 use super::host::SimHost;
 use super::mirror::Mirror;
 use super::scenario::{Demand, Scenario};
-use super::world::{World, node_claim, node_class, sim_profile};
+use super::workload::{self, Workload};
+use super::world::{World, node_claim, node_class, node_pool, sim_profile};
 use crate::actors::Config;
 use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, SSHHost, SSHHostStatus, SSHJoinProfile};
 use crate::k8s::memory::WriteKind;
@@ -82,6 +83,9 @@ pub struct Summary {
     pub ssh_sessions_opened: u64,
     pub nodeclaims_created: u64,
     pub launch_failures: u64,
+    /// Pods that Karpenter's provisioning left pending because their NodePool was at its
+    /// limits (`FailedProvisioning` events): pod demand that met the limits.
+    pub provisioning_blocked_by_limits: u64,
     pub faults_injected: BTreeMap<String, u64>,
     pub invariant_violations: Vec<Violation>,
     pub trace_hash: String,
@@ -211,6 +215,8 @@ fn arrivals(rng: &mut ChaCha8Rng, rate_per_hour: f64, duration: Duration) -> Vec
 /// The desired node count of one demand entry at `t`.
 struct DemandCurve {
     class: String,
+    /// Pods for this NodePool rather than NodeClaims of `class`.
+    pool: Option<String>,
     cpu: String,
     memory: String,
     steady: u32,
@@ -248,6 +254,7 @@ impl DemandCurve {
         };
         Ok(DemandCurve {
             class: d.class.clone().unwrap_or_else(|| default_class.to_string()),
+            pool: d.pool.clone(),
             cpu: d.cpu.clone(),
             memory: d.memory.clone(),
             steady: d.steady,
@@ -488,7 +495,10 @@ struct Runner<'a> {
     host_states: BTreeMap<String, HostState>,
     zombies_cleaned: u64,
     launch_failures: u64,
+    provisioning_blocked_by_limits: u64,
     profile_version: u64,
+    /// The pods of pod demand and their scheduler, if the scenario has pod demand.
+    workload: Option<Workload>,
 }
 
 impl Runner<'_> {
@@ -560,6 +570,11 @@ impl Runner<'_> {
                 }
                 WatchEvent::Applied(c) => {
                     let n = name_of(&c.metadata);
+                    if workload::from_pool(&c) && !self.created.contains_key(&n) {
+                        // Karpenter's provisioning made it, for pod demand.
+                        self.created.insert(n.clone(), now);
+                        self.nodeclaims_created += 1;
+                    }
                     items.push((rv_of(&c.metadata), ApiLine::Claim(c.clone())));
                     for cond in c.status.iter().flat_map(|s| s.conditions.iter()) {
                         texts.push((format!("NodeClaim {n} condition"), cond.message.clone()));
@@ -675,6 +690,9 @@ impl Runner<'_> {
             match e.reason.as_str() {
                 crate::actors::events::ZOMBIE_LEFT => self.zombies_cleaned += 1,
                 crate::actors::events::LAUNCH_FAILED => self.launch_failures += 1,
+                "FailedProvisioning" if e.message.contains("NodePool limits") => {
+                    self.provisioning_blocked_by_limits += 1;
+                }
                 _ => {}
             }
             texts.push((
@@ -754,10 +772,36 @@ impl Runner<'_> {
             .collect()
     }
 
+    /// Create and delete pods so that each NodePool of pod demand has its desired count.
+    async fn drive_pods(&mut self, now: Duration, curves: &[DemandCurve]) {
+        let Some(mut w) = self.workload.take() else {
+            return;
+        };
+        let mut desired: BTreeMap<&str, (u32, &DemandCurve)> = BTreeMap::new();
+        for c in curves {
+            if let Some(pool) = &c.pool {
+                desired.entry(pool.as_str()).or_insert((0, c)).0 += c.at(now);
+            }
+        }
+        let cluster = self.cluster();
+        self.suspend(true);
+        for (pool, (want, curve)) in desired {
+            let requests = (curve.cpu.as_str(), curve.memory.as_str());
+            let lines = w
+                .follow(&cluster, &mut self.rng, pool, want, requests)
+                .await;
+            for l in lines {
+                self.line(now, l);
+            }
+        }
+        self.suspend(false);
+        self.workload = Some(w);
+    }
+
     /// Create and delete NodeClaims so that each class has its desired count.
     async fn drive_demand(&mut self, now: Duration, curves: &[DemandCurve]) {
         let mut desired: BTreeMap<&str, (u32, &DemandCurve)> = BTreeMap::new();
-        for c in curves {
+        for c in curves.iter().filter(|c| c.pool.is_none()) {
             let e = desired.entry(c.class.as_str()).or_insert((0, c));
             e.0 += c.at(now);
         }
@@ -1038,6 +1082,9 @@ impl Runner<'_> {
                     .violate("claim-launched-in-time", name, now, msg);
             }
         }
+        for (pool, msg) in workload::limit_breaches(self.sc, &self.mirror.claims) {
+            self.checks.violate("nodepool-limits", &pool, now, msg);
+        }
     }
 
     /// Billing, latency samples and the report's pool sample.
@@ -1161,6 +1208,10 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         nc.spec.price_per_cpu_hour = format!("{}", c.price_per_cpu_hour);
         cluster.create(&nc).await.map_err(e)?;
     }
+    for p in &sc.node_pools {
+        let np = node_pool(&p.name, &p.class, &p.limits, &p.consolidate_after);
+        cluster.create(&np).await.map_err(e)?;
+    }
     let mut infos = vec![];
     for c in &sc.classes {
         for i in 0..c.count {
@@ -1182,6 +1233,10 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
             world.add_host(&name, &c.name, sim).await.map_err(e)?;
         }
     }
+    let workload = match sc.demand.iter().any(|d| d.pool.is_some()) {
+        true => Some(Workload::start(&cluster, world.ctx.clock.clone()).await),
+        false => None,
+    };
     // API faults, drawn from their own stream so they do not shift the others.
     let suspended = Arc::new(AtomicBool::new(false));
     let api_faults = Arc::new(AtomicU64::new(0));
@@ -1364,7 +1419,9 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         host_states: BTreeMap::new(),
         zombies_cleaned: 0,
         launch_failures: 0,
+        provisioning_blocked_by_limits: 0,
         profile_version: 1,
+        workload,
     };
     let origin = tokio::time::Instant::now();
     let mut next_step = Duration::ZERO;
@@ -1394,6 +1451,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         r.check(at);
         r.account(at, sc.step);
         r.drive_demand(at, &curves).await;
+        r.drive_pods(at, &curves).await;
         if opts.progress {
             let pct = (at.as_secs_f64() / sc.duration.as_secs_f64() * 100.0) as u32;
             if pct != last_progress {
@@ -1467,6 +1525,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         ssh_sessions_opened: sessions,
         nodeclaims_created: r.nodeclaims_created,
         launch_failures: r.launch_failures,
+        provisioning_blocked_by_limits: r.provisioning_blocked_by_limits,
         faults_injected: faults,
         invariant_violations: r.checks.violations.clone(),
         trace_hash: hash,

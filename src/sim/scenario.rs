@@ -28,6 +28,10 @@ pub struct Scenario {
     #[serde(default)]
     pub controller: ControllerLimits,
     pub classes: Vec<HostClass>,
+    /// NodePools that pod demand (`demand[].pool`) goes through: Karpenter's provisioning
+    /// turns the pending pods into NodeClaims within each pool's limits.
+    #[serde(default)]
+    pub node_pools: Vec<SimNodePool>,
     #[serde(default)]
     pub demand: Vec<Demand>,
     #[serde(default)]
@@ -179,6 +183,26 @@ impl HostClass {
     }
 }
 
+/// A NodePool over one host class, for pod demand.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SimNodePool {
+    pub name: String,
+    /// The host class (its SSHNodeClass) the pool's NodeClaims use.
+    pub class: String,
+    /// `spec.limits` (e.g. `cpu: "16"`); the `nodepool-limits` invariant holds the pool's
+    /// NodeClaims to them.
+    #[serde(default)]
+    pub limits: BTreeMap<String, String>,
+    /// `spec.disruption.consolidateAfter`: how long a node stays empty before it goes.
+    #[serde(default = "default_consolidate_after")]
+    pub consolidate_after: String,
+}
+
+fn default_consolidate_after() -> String {
+    "5m".into()
+}
+
 /// Desired node count of one class over time: the sum of the parts given, or the CSV trace.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -186,6 +210,10 @@ pub struct Demand {
     /// Host class (and node class) the NodeClaims are for; default: the first class.
     #[serde(default)]
     pub class: Option<String>,
+    /// Pods instead of NodeClaims: each unit of demand is one pod with these requests,
+    /// pending until Karpenter's provisioning gives this NodePool a node for it.
+    #[serde(default)]
+    pub pool: Option<String>,
     /// Requests of each NodeClaim.
     #[serde(default = "default_cpu")]
     pub cpu: String,
@@ -334,17 +362,54 @@ impl Scenario {
                 return Err(format!("classes: {} needs cpu > 0", c.name));
             }
         }
+        self.validate_pools(&names)?;
         for d in &self.demand {
             if let Some(c) = &d.class
                 && !names.contains_key(c)
             {
                 return Err(format!("demand: unknown class {c}"));
             }
+            match (&d.class, &d.pool) {
+                (Some(_), Some(_)) => {
+                    return Err(
+                        "demand: give a class (NodeClaims) or a pool (pods), not both".into(),
+                    );
+                }
+                (None, Some(p)) if !self.node_pools.iter().any(|np| &np.name == p) => {
+                    return Err(format!(
+                        "demand: unknown pool {p}; declare it under nodePools"
+                    ));
+                }
+                _ => {}
+            }
         }
         if self.step.is_zero() || self.duration.is_zero() {
             return Err("duration and step must be positive".into());
         }
         self.validate_limits()
+    }
+
+    fn validate_pools(&self, classes: &BTreeMap<String, ()>) -> Result<(), String> {
+        let mut seen = BTreeMap::new();
+        for p in &self.node_pools {
+            if seen.insert(p.name.clone(), ()).is_some() {
+                return Err(format!("nodePools: {} appears twice", p.name));
+            }
+            if !classes.contains_key(&p.class) {
+                return Err(format!("nodePools: {}: unknown class {}", p.name, p.class));
+            }
+            for (k, v) in &p.limits {
+                if crate::karpenter::quantity::parse_str(v).is_none() {
+                    return Err(format!(
+                        "nodePools: {}: limits.{k} {v:?} is not a quantity (e.g. \"16\", \"64Gi\")",
+                        p.name
+                    ));
+                }
+            }
+            parse_duration(&p.consolidate_after)
+                .map_err(|e| format!("nodePools: {}: consolidateAfter: {e}", p.name))?;
+        }
+        Ok(())
     }
 
     /// Probing every host once per interval must fit in the dial rate, with room left for

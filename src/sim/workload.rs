@@ -1,0 +1,231 @@
+//! Pod demand (`demand[].pool`): the simulated workload whose pending pods Karpenter's
+//! provisioning turns into NodeClaims, the kube-scheduler that binds them to Ready nodes, and
+//! the `nodepool-limits` invariant over the NodeClaims that result.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::Selector;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::scenario::Scenario;
+use super::world::{POD_NAMESPACE, POD_POOL_LABEL, workload_pod};
+use crate::api::NodeClaim;
+use crate::api::karpenter::NODEPOOL_LABEL;
+use crate::clock::Clock;
+use crate::k8s::{Cluster, MemoryCluster};
+use crate::karpenter::sim_scheduler::RECREATE_ANNOTATION;
+use crate::karpenter::state::ClusterState;
+use crate::karpenter::{quantity, sim_scheduler};
+
+/// How often the simulated kube-scheduler binds pending pods.
+const SCHEDULER_PERIOD: Duration = Duration::from_secs(5);
+
+/// The running workload: its scheduler's tasks (stopped when dropped) and pod numbering.
+pub struct Workload {
+    tasks: Vec<JoinHandle<()>>,
+    seq: u64,
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Workload {
+    /// Start the scheduler. It keeps its own view of the cluster, as kube-scheduler does: a
+    /// controller crash in the simulation must not stop pods from being bound.
+    pub async fn start(cluster: &MemoryCluster, clock: Clock) -> Workload {
+        let state = ClusterState::new(clock);
+        let mut tasks = state.start(cluster);
+        while !state.read().synced() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tasks.extend(sim_scheduler::spawn(
+            cluster.clone(),
+            state,
+            SCHEDULER_PERIOD,
+        ));
+        Workload { tasks, seq: 0 }
+    }
+
+    /// Create or delete pods of `pool` until it has `want`; returns trace lines. A pod is
+    /// deleted as a scale-down would: its "ReplicaSet" mark goes first, so that it is not
+    /// recreated; a random one of them, drawn from `rng`.
+    pub async fn follow(
+        &mut self,
+        cluster: &MemoryCluster,
+        rng: &mut ChaCha8Rng,
+        pool: &str,
+        want: u32,
+        requests: (&str, &str),
+    ) -> Vec<String> {
+        let selector = Selector::from_iter([(POD_POOL_LABEL.to_string(), pool.to_string())]);
+        let Ok(pods) = cluster
+            .list::<Pod>(Some(POD_NAMESPACE), Some(&selector))
+            .await
+        else {
+            return vec![];
+        };
+        let mut names: Vec<String> = pods
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        let have = names.len() as u32;
+        let mut lines = vec![];
+        for _ in have..want {
+            self.seq += 1;
+            let name = format!("pod-{:06}", self.seq);
+            let pod = workload_pod(&name, pool, requests.0, requests.1);
+            if cluster.create(&pod).await.is_ok() {
+                lines.push(format!("demand pool {pool} create pod {name}"));
+            }
+        }
+        for _ in want..have {
+            if names.is_empty() {
+                break;
+            }
+            let name = names.swap_remove(rng.random_range(0..names.len()));
+            let unmark = json!({"metadata": {"annotations": {RECREATE_ANNOTATION: null}}});
+            let _ = cluster
+                .patch::<Pod>(Some(POD_NAMESPACE), &name, &unmark)
+                .await;
+            if cluster
+                .delete::<Pod>(Some(POD_NAMESPACE), &name, None)
+                .await
+                .is_ok()
+            {
+                lines.push(format!("demand pool {pool} delete pod {name}"));
+            }
+        }
+        lines
+    }
+}
+
+/// `nodepool-limits`: each NodePool's NodeClaims (those being deleted too: their hosts are
+/// still taken) within its `limits`. A claim counts its recorded capacity, or before launch
+/// its class's declared one, and one `nodes`. Returns (pool, message) per pool over a limit.
+pub fn limit_breaches(
+    sc: &Scenario,
+    claims: &BTreeMap<String, Arc<NodeClaim>>,
+) -> Vec<(String, String)> {
+    let mut out = vec![];
+    for pool in sc.node_pools.iter().filter(|p| !p.limits.is_empty()) {
+        let Some(class) = sc.classes.iter().find(|c| c.name == pool.class) else {
+            continue;
+        };
+        let declared: BTreeMap<String, i128> = BTreeMap::from([
+            ("cpu".to_string(), i128::from(class.cpu) * 1000),
+            (
+                "memory".to_string(),
+                quantity::parse_str(&format!("{}Gi", class.memory_gib)).unwrap_or(0),
+            ),
+        ]);
+        let mut used: BTreeMap<String, i128> = BTreeMap::new();
+        let mut count = 0;
+        for nc in claims
+            .values()
+            .filter(|c| c.nodepool() == Some(pool.name.as_str()))
+        {
+            count += 1;
+            let recorded: BTreeMap<String, i128> = nc
+                .status
+                .iter()
+                .flat_map(|s| s.capacity.iter())
+                .filter_map(|(k, v)| quantity::parse(v).map(|q| (k.clone(), q)))
+                .collect();
+            let cap = if recorded.is_empty() {
+                &declared
+            } else {
+                &recorded
+            };
+            for (k, v) in cap {
+                *used.entry(k.clone()).or_insert(0) += v;
+            }
+            *used.entry("nodes".into()).or_insert(0) += 1000;
+        }
+        for (k, limit) in &pool.limits {
+            let (Some(l), Some(u)) = (quantity::parse_str(limit), used.get(k)) else {
+                continue;
+            };
+            if *u > l {
+                out.push((
+                    pool.name.clone(),
+                    format!(
+                        "NodePool {} holds {count} NodeClaims using {k} {} (milli-units), above its limit {limit}",
+                        pool.name, u
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Whether a NodeClaim was made by Karpenter's provisioning for one of the scenario's pools
+/// (the simulator's own NodeClaims carry no NodePool).
+pub fn from_pool(nc: &NodeClaim) -> bool {
+    nc.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(NODEPOOL_LABEL))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::karpenter::NodeClaimSpec;
+
+    fn claim(name: &str, pool: &str, cpu: Option<&str>) -> (String, Arc<NodeClaim>) {
+        let mut nc = NodeClaim::new(name, NodeClaimSpec::default());
+        nc.metadata.labels = Some(BTreeMap::from([(NODEPOOL_LABEL.into(), pool.into())]));
+        if let Some(cpu) = cpu {
+            let mut status = crate::api::karpenter::NodeClaimStatus::default();
+            status.capacity.insert(
+                "cpu".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(cpu.into()),
+            );
+            nc.status = Some(status);
+        }
+        (name.to_string(), Arc::new(nc))
+    }
+
+    /// The invariant counts launched claims by their recorded capacity and the others by the
+    /// class's, claims of other pools not at all, and reports a pool only above its limit.
+    #[test]
+    fn limit_breaches_counts_each_claim_of_the_pool_once() {
+        let sc = Scenario::from_yaml(
+            "duration: 1h\nclasses: [{name: small, count: 6, cpu: 2}]\n\
+             nodePools: [{name: capped, class: small, limits: {cpu: \"8\", nodes: \"4\"}}]\n",
+        )
+        .expect("scenario");
+        let mut claims: BTreeMap<String, Arc<NodeClaim>> = [
+            claim("a", "capped", Some("2")),
+            claim("b", "capped", None),
+            claim("c", "capped", Some("2")),
+            claim("d", "capped", None),
+            claim("other", "elsewhere", Some("64")),
+        ]
+        .into_iter()
+        .collect();
+        assert!(
+            limit_breaches(&sc, &claims).is_empty(),
+            "four 2-cpu nodes fit cpu 8"
+        );
+        let (n, c) = claim("e", "capped", None);
+        claims.insert(n, c);
+        let breaches = limit_breaches(&sc, &claims);
+        assert_eq!(breaches.len(), 2, "cpu and nodes: {breaches:?}");
+        assert!(breaches.iter().all(|(pool, _)| pool == "capped"));
+        assert!(breaches[0].1.contains("5 NodeClaims"), "{breaches:?}");
+    }
+}
