@@ -201,15 +201,22 @@ fn regression_seeds_hold_every_invariant() {
 
 #[test]
 fn same_seed_same_trace() {
-    let scenario = Scenario::from_yaml(CAMPAIGN).expect("campaign scenario");
+    // Node demand, and pod demand (with its scheduler and the karpenter layer's provisioning).
+    for text in [CAMPAIGN, POOLS] {
+        same_trace_twice(&Scenario::from_yaml(text).expect("scenario"));
+    }
+}
+
+fn same_trace_twice(scenario: &Scenario) {
     let opts = RunOptions {
         keep_trace: true,
         ..Default::default()
     };
-    let a = run_blocking(&scenario, 42, &opts).expect("first run");
-    let b = run_blocking(&scenario, 42, &opts).expect("second run");
+    let a = run_blocking(scenario, 42, &opts).expect("first run");
+    let b = run_blocking(scenario, 42, &opts).expect("second run");
     say(&format!(
-        "trace hash {} ({} lines)",
+        "{}: trace hash {} ({} lines)",
+        scenario.name,
         a.summary.trace_hash,
         a.trace.len()
     ));
@@ -227,7 +234,7 @@ fn same_seed_same_trace() {
             b.trace.get(first)
         );
     }
-    let c = run_blocking(&scenario, 43, &opts).expect("other seed");
+    let c = run_blocking(scenario, 43, &opts).expect("other seed");
     assert_ne!(
         a.summary.trace_hash, c.summary.trace_hash,
         "the seed matters"
