@@ -1233,9 +1233,10 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
             world.add_host(&name, &c.name, sim).await.map_err(e)?;
         }
     }
-    let workload = match sc.demand.iter().any(|d| d.pool.is_some()) {
-        true => Some(Workload::start(&cluster, world.ctx.clock.clone()).await),
-        false => None,
+    let workload = if sc.demand.iter().any(|d| d.pool.is_some()) {
+        Some(Workload::start(&cluster, world.ctx.clock.clone()).await)
+    } else {
+        None
     };
     // API faults, drawn from their own stream so they do not shift the others.
     let suspended = Arc::new(AtomicBool::new(false));
