@@ -23,11 +23,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kpssh::actors::{Config, Context};
-use kpssh::api::karpenter::{
-    NODEPOOL_LABEL, NodeClaimStatus, NodeClaimTemplate, NodeClaimTemplateSpec, NodeClassRef,
-    NodePoolSpec,
-};
-use kpssh::api::{GROUP, HostState, NodeClaim, NodePool, SSHHost};
+use kpssh::api::karpenter::{NODEPOOL_LABEL, NodeClaimStatus};
+use kpssh::api::{HostState, NodeClaim, NodePool, SSHHost};
 use kpssh::clock::Clock;
 use kpssh::k8s::{Cluster, MemoryCluster};
 use kpssh::karpenter::provisioning::Provisioner;
@@ -148,23 +145,7 @@ struct Provisioned {
 }
 
 fn nodepool() -> NodePool {
-    NodePool::new(
-        "default",
-        NodePoolSpec {
-            template: NodeClaimTemplate {
-                metadata: Default::default(),
-                spec: NodeClaimTemplateSpec {
-                    node_class_ref: NodeClassRef {
-                        group: GROUP.into(),
-                        kind: "SSHNodeClass".into(),
-                        name: "pool".into(),
-                    },
-                    ..Default::default()
-                },
-            },
-            ..Default::default()
-        },
-    )
+    kpssh::sim::world::node_pool("default", "pool")
 }
 
 fn resources(cpu_m: u32, mem_mi: u32) -> ResourceRequirements {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Secret as KubeSecret};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1209,7 +1210,13 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         cluster.create(&nc).await.map_err(e)?;
     }
     for p in &sc.node_pools {
-        let np = node_pool(&p.name, &p.class, &p.limits, &p.consolidate_after);
+        let mut np = node_pool(&p.name, &p.class);
+        np.spec.limits = p
+            .limits
+            .iter()
+            .map(|(k, v)| (k.clone(), Quantity(v.clone())))
+            .collect();
+        np.spec.disruption.consolidate_after = Some(p.consolidate_after.clone());
         cluster.create(&np).await.map_err(e)?;
     }
     let mut infos = vec![];

@@ -297,16 +297,10 @@ pub fn node_claim(name: &str, class: &str, cpu: &str, memory: &str) -> NodeClaim
     nc
 }
 
-/// A NodePool over the node class `class` that consolidates nodes empty for
-/// `consolidate_after` (default disruption budgets).
-pub fn node_pool(
-    name: &str,
-    class: &str,
-    limits: &BTreeMap<String, String>,
-    consolidate_after: &str,
-) -> crate::api::NodePool {
+/// A NodePool whose NodeClaims use the node class `class`, nothing else set.
+pub fn node_pool(name: &str, class: &str) -> crate::api::NodePool {
     use crate::api::karpenter::{NodeClaimTemplate, NodeClaimTemplateSpec, NodePoolSpec};
-    let mut np = crate::api::NodePool::new(
+    crate::api::NodePool::new(
         name,
         NodePoolSpec {
             template: NodeClaimTemplate {
@@ -322,13 +316,7 @@ pub fn node_pool(
             },
             ..Default::default()
         },
-    );
-    np.spec.limits = limits
-        .iter()
-        .map(|(k, v)| (k.clone(), Quantity(v.clone())))
-        .collect();
-    np.spec.disruption.consolidate_after = Some(consolidate_after.into());
-    np
+    )
 }
 
 /// Namespace of the simulated workload's pods.
@@ -336,27 +324,13 @@ pub const POD_NAMESPACE: &str = "default";
 /// On every simulated pod: the NodePool its demand is for.
 pub const POD_POOL_LABEL: &str = "sim.kpssh.dev/pool";
 
-/// A pod of the simulated workload: `cpu` and `memory` requested, for NodePool `pool`. It
-/// plays a Deployment's pod: evicted by a drain, it comes back pending under a new name.
-pub fn workload_pod(
-    name: &str,
-    pool: &str,
-    cpu: &str,
-    memory: &str,
-) -> k8s_openapi::api::core::v1::Pod {
+/// A pod in the `default` namespace with one container requesting `cpu` and `memory`.
+pub fn pod(name: &str, cpu: &str, memory: &str) -> k8s_openapi::api::core::v1::Pod {
     use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
     Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(POD_NAMESPACE.into()),
-            labels: Some(BTreeMap::from([(
-                POD_POOL_LABEL.to_string(),
-                pool.to_string(),
-            )])),
-            annotations: Some(BTreeMap::from([(
-                crate::karpenter::sim_scheduler::RECREATE_ANNOTATION.to_string(),
-                "true".to_string(),
-            )])),
             ..Default::default()
         },
         spec: Some(PodSpec {
@@ -371,12 +345,34 @@ pub fn workload_pod(
                 }),
                 ..Default::default()
             }],
-            node_selector: Some(BTreeMap::from([(
-                crate::api::karpenter::NODEPOOL_LABEL.to_string(),
-                pool.to_string(),
-            )])),
             ..Default::default()
         }),
         status: None,
     }
+}
+
+/// A pod of the simulated workload: `cpu` and `memory` requested, for NodePool `pool`. It
+/// plays a Deployment's pod: evicted by a drain, it comes back pending under a new name.
+pub fn workload_pod(
+    name: &str,
+    pool: &str,
+    cpu: &str,
+    memory: &str,
+) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = pod(name, cpu, memory);
+    p.metadata.labels = Some(BTreeMap::from([(
+        POD_POOL_LABEL.to_string(),
+        pool.to_string(),
+    )]));
+    p.metadata.annotations = Some(BTreeMap::from([(
+        crate::karpenter::sim_scheduler::RECREATE_ANNOTATION.to_string(),
+        "true".to_string(),
+    )]));
+    if let Some(spec) = p.spec.as_mut() {
+        spec.node_selector = Some(BTreeMap::from([(
+            crate::api::karpenter::NODEPOOL_LABEL.to_string(),
+            pool.to_string(),
+        )]));
+    }
+    p
 }

@@ -11,11 +11,9 @@ mod termination;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::Pod;
 use kpssh::actors::Config;
-use kpssh::api::karpenter::{NodeClaimTemplate, NodeClaimTemplateSpec, NodeClassRef, NodePoolSpec};
-use kpssh::api::{GROUP, HostState, NodeClaim, NodePool, SSHHost};
+use kpssh::api::{HostState, NodeClaim, NodePool, SSHHost};
 use kpssh::k8s::Cluster;
 use kpssh::karpenter::{KarpenterConfig, KarpenterHandles, sim_scheduler};
 use kpssh::sim::SimHost;
@@ -111,49 +109,13 @@ pub async fn host_states(e: &Env) -> BTreeMap<HostState, usize> {
 }
 
 pub fn nodepool(name: &str) -> NodePool {
-    NodePool::new(
-        name,
-        NodePoolSpec {
-            template: NodeClaimTemplate {
-                metadata: Default::default(),
-                spec: NodeClaimTemplateSpec {
-                    node_class_ref: NodeClassRef {
-                        group: GROUP.into(),
-                        kind: "SSHNodeClass".into(),
-                        name: "pool".into(),
-                    },
-                    ..Default::default()
-                },
-            },
-            ..Default::default()
-        },
-    )
+    kpssh::sim::world::node_pool(name, "pool")
 }
 
 pub fn pod(name: &str, cpu: &str, mem: &str) -> Pod {
-    Pod {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            labels: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "c".into(),
-                resources: Some(ResourceRequirements {
-                    requests: Some(BTreeMap::from([
-                        ("cpu".to_string(), Quantity(cpu.into())),
-                        ("memory".to_string(), Quantity(mem.into())),
-                    ])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        status: None,
-    }
+    let mut p = kpssh::sim::world::pod(name, cpu, mem);
+    p.metadata.labels = Some(BTreeMap::from([("app".to_string(), "web".to_string())]));
+    p
 }
 
 pub async fn claims(e: &Env) -> Vec<NodeClaim> {

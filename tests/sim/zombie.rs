@@ -166,6 +166,18 @@ async fn s12_claim_landing_during_zombie_check_wins() {
     assert_eq!(sim.phases(), vec![SimPhase::Leave, SimPhase::Join]);
 }
 
+/// A cold host `name` whose phases take a minute each, claimed by a NodeClaim: returns once
+/// it is Claimed, its install under way.
+async fn claimed_while_installing(w: &kpssh::sim::world::World, name: &str, address: &str) {
+    let mut sim = SimHost::new(address, 2, 4_000_000);
+    sim.phase_latency = MINUTE;
+    w.add_host(name, "small", sim).await.expect("host");
+    wait_state(w, name, HostState::Available, MINUTE).await;
+    let claim = kpssh::sim::world::node_claim(&format!("nc-{name}"), "pool", "1", "1Gi");
+    w.cluster.create(&claim).await.expect("nodeclaim");
+    wait_state(w, name, HostState::Claimed, MINUTE).await;
+}
+
 /// S9 on a claimed host (found by the fault campaign): a host rebooted while claimed, and the
 /// kubelet of its last Node, left enabled by a bad leave profile, came back before the new
 /// claim's join. The launch probes before it joins: leave runs first, the Node the old
@@ -174,19 +186,10 @@ async fn s12_claim_landing_during_zombie_check_wins() {
 #[tokio::test(start_paused = true)]
 async fn s9_kubelet_back_on_claimed_host_leaves_before_join() {
     use k8s_openapi::api::core::v1::Node;
-    use kpssh::sim::world::node_claim;
 
     let w = world().await;
-    let mut sim = SimHost::new("10.20.0.5", 2, 4_000_000);
-    // A cold host: the install takes a minute, the window in which the old kubelet returns.
-    sim.phase_latency = MINUTE;
-    w.add_host("z", "small", sim).await.expect("host");
-    wait_state(&w, "z", HostState::Available, MINUTE).await;
-    w.cluster
-        .create(&node_claim("nc-new", "pool", "1", "1Gi"))
-        .await
-        .expect("nodeclaim");
-    wait_state(&w, "z", HostState::Claimed, MINUTE).await;
+    // The install takes a minute: the window in which the old kubelet returns.
+    claimed_while_installing(&w, "z", "10.20.0.5").await;
     let old_env = std::collections::BTreeMap::from([
         ("KPSSH_NODE_NAME".to_string(), "old-node".to_string()),
         ("KPSSH_NODE_ADDRESS".to_string(), "10.20.0.5".to_string()),
@@ -245,15 +248,7 @@ async fn s9_kubelet_back_on_claimed_host_leaves_before_join() {
 #[tokio::test(start_paused = true)]
 async fn reboot_during_a_phase_cuts_its_session() {
     let w = world().await;
-    let mut sim = SimHost::new("10.20.0.6", 2, 4_000_000);
-    sim.phase_latency = MINUTE;
-    w.add_host("r", "small", sim).await.expect("host");
-    wait_state(&w, "r", HostState::Available, MINUTE).await;
-    w.cluster
-        .create(&kpssh::sim::world::node_claim("nc-r", "pool", "1", "1Gi"))
-        .await
-        .expect("nodeclaim");
-    wait_state(&w, "r", HostState::Claimed, MINUTE).await;
+    claimed_while_installing(&w, "r", "10.20.0.6").await;
     // The install is in flight for a minute; the host reboots for ten seconds inside it.
     w.transport.with("10.20.0.6", |s| s.power_off());
     tokio::time::sleep(std::time::Duration::from_secs(10)).await;
