@@ -201,16 +201,15 @@ async fn s9_kubelet_back_on_claimed_host_leaves_before_join() {
     });
     // The returning kubelet registers its old Node again.
     w.transport.kubelet_restarted("10.20.0.5");
-    let old_registered = w
-        .until(MINUTE, || async {
-            w.cluster
-                .get::<Node>(None, "old-node")
-                .await
-                .ok()
-                .flatten()
-                .is_some()
-        })
-        .await;
+    let old_node_exists = || async {
+        w.cluster
+            .get::<Node>(None, "old-node")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    };
+    let old_registered = w.until(MINUTE, old_node_exists).await;
     assert!(old_registered, "the old kubelet registered its Node");
 
     wait_state(&w, "z", HostState::InUse, 5 * MINUTE).await;
@@ -225,16 +224,7 @@ async fn s9_kubelet_back_on_claimed_host_leaves_before_join() {
         .expect("the new kubelet runs")
         .to_string();
     assert_ne!(new_node, "old-node");
-    let old_gone = w
-        .until(MINUTE, || async {
-            w.cluster
-                .get::<Node>(None, "old-node")
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-        })
-        .await;
+    let old_gone = w.until(MINUTE, || async { !old_node_exists().await }).await;
     assert!(old_gone, "the old kubelet's Node is deleted");
     assert!(reasons(&w).contains(&"ZombieKubelet".to_string()));
     let violations = w.transport.drain_journal().violations;
