@@ -151,6 +151,16 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
         self.target = None;
     }
 
+    /// Record an event about this host. `message` must already be redacted.
+    pub async fn event(
+        &self,
+        type_: crate::k8s::EventType,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        crate::actors::events::record(&self.ctx.cluster, &*self.host, type_, reason, message).await;
+    }
+
     /// Re-read the host after a lost CAS.
     pub async fn refresh(&mut self) -> Result<bool, crate::k8s::ClusterError> {
         let ns = self.ctx.pool_ns().to_string();

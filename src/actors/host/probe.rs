@@ -312,14 +312,9 @@ async fn record_failure<C: Cluster, T: Transport>(
     })
     .await?;
     if was != HostState::Unhealthy && state.state() == HostState::Unhealthy {
-        events::record(
-            &state.ctx.cluster,
-            &*state.host,
-            EventType::Warning,
-            events::PROBE_FAILED,
-            message,
-        )
-        .await;
+        state
+            .event(EventType::Warning, events::PROBE_FAILED, message)
+            .await;
     }
     // S27: a token a failed launch could not delete is an API object, not a host's: it goes
     // at this probe even if the host stays unreachable for longer than the probe interval.
@@ -341,14 +336,9 @@ async fn report_capacity_drift<C: Cluster, T: Transport>(state: &mut HostActorSt
             observed_summary(&state.host),
             declared_summary(&state.host)
         );
-        events::record(
-            &state.ctx.cluster,
-            &*state.host,
-            EventType::Warning,
-            events::CAPACITY_DRIFT,
-            msg,
-        )
-        .await;
+        state
+            .event(EventType::Warning, events::CAPACITY_DRIFT, msg)
+            .await;
     }
     state.drift_reported = Some(drifted);
 }

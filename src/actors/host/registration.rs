@@ -55,14 +55,9 @@ pub async fn release_if_stale<C: Cluster, T: Transport>(
         "NodeClaim {} (uid {}) no longer exists; claim released",
         claim.name, claim.uid
     );
-    events::record(
-        &state.ctx.cluster,
-        &*state.host,
-        EventType::Warning,
-        events::STALE_CLAIM,
-        msg,
-    )
-    .await;
+    state
+        .event(EventType::Warning, events::STALE_CLAIM, msg)
+        .await;
     Ok(true)
 }
 
@@ -265,14 +260,9 @@ async fn zombie_check_inner<C: Cluster, T: Transport>(
         })
         .await?;
         zombie_action(state, "foreign");
-        events::record(
-            &state.ctx.cluster,
-            &*state.host,
-            EventType::Warning,
-            events::FOREIGN_KUBELET,
-            msg,
-        )
-        .await;
+        state
+            .event(EventType::Warning, events::FOREIGN_KUBELET, msg)
+            .await;
         return Ok(());
     }
     // The fence: if a claim landed since we read the host, this CAS fails and the claim wins.
@@ -281,14 +271,9 @@ async fn zombie_check_inner<C: Cluster, T: Transport>(
         "kubelet active on unclaimed host {}; running leave",
         state.key()
     );
-    events::record(
-        &state.ctx.cluster,
-        &*state.host,
-        EventType::Warning,
-        events::ZOMBIE_KUBELET,
-        msg,
-    )
-    .await;
+    state
+        .event(EventType::Warning, events::ZOMBIE_KUBELET, msg)
+        .await;
     zombie_leave(state).await
 }
 
@@ -321,14 +306,9 @@ async fn zombie_leave_inner<C: Cluster, T: Transport>(
             .await?;
             zombie_action(state, "leave");
             let msg = format!("leave ran on {}; the orphan kubelet is gone", state.key());
-            events::record(
-                &state.ctx.cluster,
-                &*state.host,
-                EventType::Normal,
-                events::ZOMBIE_LEFT,
-                msg,
-            )
-            .await;
+            state
+                .event(EventType::Normal, events::ZOMBIE_LEFT, msg)
+                .await;
         }
         Err(f) => {
             zombie_action(state, "leave_failed");
@@ -337,14 +317,9 @@ async fn zombie_leave_inner<C: Cluster, T: Transport>(
                 s.last_probe_error = Some(f.message.clone());
             })
             .await?;
-            events::record(
-                &state.ctx.cluster,
-                &*state.host,
-                EventType::Warning,
-                events::ZOMBIE_LEAVE_FAILED,
-                f.message,
-            )
-            .await;
+            state
+                .event(EventType::Warning, events::ZOMBIE_LEAVE_FAILED, f.message)
+                .await;
         }
     }
     Ok(())
@@ -389,14 +364,9 @@ async fn leave_before_join<C: Cluster, T: Transport>(
             .and_then(|n| n.metadata.name.as_deref())
             .unwrap_or("not registered")
     );
-    events::record(
-        &state.ctx.cluster,
-        &*state.host,
-        EventType::Warning,
-        events::ZOMBIE_KUBELET,
-        msg,
-    )
-    .await;
+    state
+        .event(EventType::Warning, events::ZOMBIE_KUBELET, msg)
+        .await;
     if let Err(f) = leave(state).await {
         zombie_action(state, "leave_failed");
         return Err(f);
