@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, HashMap};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 
 use super::lifecycle::{condition_true, node_ready};
@@ -20,7 +19,8 @@ use super::scheduling::{PodInfo, SimNode, sort_pods};
 use super::state::{ClusterState, Inner};
 use super::termination::{is_marked, parse_duration, taint_node};
 use super::{
-    DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets, pods, quantity, replacement,
+    DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets, nodepool_hash, pods, quantity,
+    replacement,
 };
 use crate::actors::Context;
 use crate::actors::drift::drift;
@@ -29,18 +29,6 @@ use crate::api::karpenter::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
 use crate::api::{NodeClaim, NodePool, SSHJoinProfile, SSHNodeClass};
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
-
-pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
-
-/// Hash of a NodePool's template (what a NodeClaim was made from).
-pub fn nodepool_hash(pool: &NodePool) -> String {
-    let text = serde_json::to_string(&pool.spec.template).unwrap_or_default();
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reason {
@@ -328,7 +316,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
         Some(s) => Some(parse_duration(s).unwrap_or_default()),
         None => Some(std::time::Duration::ZERO),
     };
-    let hash = nodepool_hash(pool);
+    let hash = nodepool_hash::nodepool_hash(pool);
     let mut done = finish_replacements(ctx, state, &pool_name).await?;
     let (total, mut disrupting, mut candidates, pending) = {
         let st = state.read();
@@ -404,12 +392,7 @@ async fn disrupt_pool<C: Cluster, T: Transport>(
                 (Some(c), Some(m)) => drift(nc, &c.spec, host_marker.as_deref(), m).is_some(),
                 _ => false,
             };
-            let pool_drift = nc
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(NODEPOOL_HASH_ANNOTATION))
-                .is_some_and(|h| *h != hash);
+            let pool_drift = nodepool_hash::drifted(nc, &hash);
             let quiet_since = [st.pod_events.get(&node_name).copied(), initialized_at(nc)]
                 .into_iter()
                 .flatten()

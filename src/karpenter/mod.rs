@@ -8,6 +8,7 @@
 pub mod budgets;
 pub mod disruption;
 pub mod lifecycle;
+pub mod nodepool_hash;
 pub mod pods;
 pub mod provisioning;
 pub mod quantity;

@@ -396,10 +396,7 @@ pub fn build_claim(pool: &NodePool, name: &str, claim: &NewClaim) -> NodeClaim {
             labels: Some(labels),
             annotations: Some({
                 let mut a = t.metadata.annotations.clone();
-                a.insert(
-                    super::disruption::NODEPOOL_HASH_ANNOTATION.into(),
-                    super::disruption::nodepool_hash(pool),
-                );
+                super::nodepool_hash::stamp(pool, &mut a);
                 a
             }),
             owner_references: Some(vec![OwnerReference {
