@@ -3,6 +3,7 @@
 //! in flight. State lives in the API; a restarted actor rebuilds from the SSHHost object.
 
 pub mod launch;
+pub mod node_identity;
 pub mod phases;
 pub mod probe;
 pub mod probe_clock;
