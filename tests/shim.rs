@@ -87,6 +87,11 @@ impl Host {
         Host { dir, key, rogue }
     }
 
+    /// A host whose shim accepts v1 envelopes.
+    fn v1() -> Self {
+        Host::new()
+    }
+
     fn path(&self, p: &str) -> PathBuf {
         self.dir.path().join(p)
     }
@@ -959,55 +964,60 @@ fn through_sshd_force_command() {
     assert!(host.tmp_is_empty());
 }
 
-/// FIDO (`sk-…@openssh.com`) signatures, made in software from ssh-keygen keys the way an
-/// authenticator would make them: both the controller and the shim's `ssh-keygen -Y verify`
-/// accept them with the user-presence flag and refuse them without.
-#[test]
-fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
+/// A FIDO (`sk-…@openssh.com`) signature over `msg` with the given flags byte, made in software
+/// from an ssh-keygen key (ed25519 or ECDSA P-256) the way an authenticator would make it, for
+/// the FIDO application `app`. Returns the armored signature and the FIDO public key line.
+fn fido_signature(app: &str, flags: u8, key: &ssh_key::PrivateKey, msg: &[u8]) -> (String, String) {
     use sha2::Digest as _;
     use signature::Signer as _;
     use ssh_key::public::{EcdsaPublicKey, KeyData, SkEcdsaSha2NistP256, SkEd25519};
-    use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, PublicKey, Signature, SshSig};
+    use ssh_key::{Algorithm, HashAlg, LineEnding, PublicKey, Signature, SshSig};
 
-    let host = Host::new();
-    let app = "ssh:";
-    let msg = SCRIPT.as_bytes();
     let signed = SshSig::signed_data("kpssh", HashAlg::Sha512, msg).expect("signed data");
-    let make = |flags: u8, key: &PrivateKey| -> (String, String) {
-        let trailer = [flags, 0, 0, 0, 42];
-        let mut to_sign = sha2::Sha256::digest(app.as_bytes()).to_vec();
-        to_sign.extend(trailer);
-        to_sign.extend(sha2::Sha256::digest(&signed));
-        let (public, algorithm, mut data) = if let Some(kp) = key.key_data().ed25519() {
-            let raw: Signature = kp.try_sign(&to_sign).expect("sign");
-            (
-                KeyData::SkEd25519(SkEd25519::new(kp.public, app)),
-                Algorithm::SkEd25519,
-                raw.as_bytes().to_vec(),
-            )
-        } else {
-            let kp = key.key_data().ecdsa().expect("ecdsa");
-            let raw: Signature = kp.try_sign(&to_sign).expect("sign");
-            let Some(EcdsaPublicKey::NistP256(point)) = key.public_key().key_data().ecdsa() else {
-                panic!("p256 expected");
-            };
-            (
-                KeyData::SkEcdsaSha2NistP256(SkEcdsaSha2NistP256::new(*point, app)),
-                Algorithm::SkEcdsaSha2NistP256,
-                raw.as_bytes().to_vec(),
-            )
-        };
-        data.extend(trailer);
-        let sig = Signature::new(algorithm, data).expect("sig");
-        let armored = SshSig::new(public.clone(), "kpssh", HashAlg::Sha512, sig)
-            .expect("sshsig")
-            .to_pem(LineEnding::LF)
-            .expect("pem");
+    let trailer = [flags, 0, 0, 0, 42];
+    let mut to_sign = sha2::Sha256::digest(app.as_bytes()).to_vec();
+    to_sign.extend(trailer);
+    to_sign.extend(sha2::Sha256::digest(&signed));
+    let (public, algorithm, mut data) = if let Some(kp) = key.key_data().ed25519() {
+        let raw: Signature = kp.try_sign(&to_sign).expect("sign");
         (
-            armored,
-            PublicKey::from(public).to_openssh().expect("openssh"),
+            KeyData::SkEd25519(SkEd25519::new(kp.public, app)),
+            Algorithm::SkEd25519,
+            raw.as_bytes().to_vec(),
+        )
+    } else {
+        let kp = key.key_data().ecdsa().expect("ecdsa");
+        let raw: Signature = kp.try_sign(&to_sign).expect("sign");
+        let Some(EcdsaPublicKey::NistP256(point)) = key.public_key().key_data().ecdsa() else {
+            panic!("p256 expected");
+        };
+        (
+            KeyData::SkEcdsaSha2NistP256(SkEcdsaSha2NistP256::new(*point, app)),
+            Algorithm::SkEcdsaSha2NistP256,
+            raw.as_bytes().to_vec(),
         )
     };
+    data.extend(trailer);
+    let sig = Signature::new(algorithm, data).expect("sig");
+    let armored = SshSig::new(public.clone(), "kpssh", HashAlg::Sha512, sig)
+        .expect("sshsig")
+        .to_pem(LineEnding::LF)
+        .expect("pem");
+    (
+        armored,
+        PublicKey::from(public).to_openssh().expect("openssh"),
+    )
+}
+
+/// FIDO (`sk-…@openssh.com`) signatures: both the controller and the shim's `ssh-keygen -Y
+/// verify` accept them with the user-presence flag and refuse them without.
+#[test]
+fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
+    use ssh_key::PrivateKey;
+
+    let host = Host::v1();
+    let app = "ssh:";
+    let msg = SCRIPT.as_bytes();
     for (name, kind, bits, alg) in [
         ("sked", "ed25519", None, "sk-ssh-ed25519@openssh.com"),
         (
@@ -1019,8 +1029,8 @@ fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
     ] {
         let k = keygen(host.dir.path(), name, kind, bits);
         let private = PrivateKey::read_openssh_file(&k.private).expect("read");
-        let (touched, public) = make(0x01, &private);
-        let (untouched, _) = make(0x00, &private);
+        let (touched, public) = fido_signature(app, 0x01, &private, msg);
+        let (untouched, _) = fido_signature(app, 0x00, &private, msg);
         let trusted = TrustedSigners::parse(&[public.as_str()]).expect("trusted");
         assert_eq!(trusted.verify(&touched, msg).expect(name).algorithm, alg);
         assert_eq!(
@@ -1043,6 +1053,66 @@ fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
         assert!(host.ran());
         std::fs::remove_file(host.out()).expect("rm");
     }
+}
+
+/// The shim reads the FIDO flags from the armored block that `ssh-keygen -Y verify` checked,
+/// and nothing else: text after `-----END SSH SIGNATURE-----` (which ssh-keygen ignores) must
+/// not turn a signature made without user presence into one that looks touched. Before the fix
+/// the shim decoded every line not starting with `-----`, so an appended base64 line became the
+/// blob's last five bytes.
+#[test]
+fn text_after_the_armor_does_not_change_the_fido_flags_read() {
+    use ssh_key::PrivateKey;
+
+    let host = Host::v1();
+    let msg = SCRIPT.as_bytes();
+    let k = keygen(host.dir.path(), "sked", "ed25519", None);
+    let private = PrivateKey::read_openssh_file(&k.private).expect("read");
+    // An application whose blob needs no base64 padding, so that appended base64 continues the
+    // decoded bytes instead of failing after a `=`.
+    let (untouched, public) = ["ssh:", "ssh:a", "ssh:ab"]
+        .into_iter()
+        .map(|app| fido_signature(app, 0x00, &private, msg))
+        .find(|(armored, _)| !armored.contains('='))
+        .expect("one application length needs no padding");
+    let line = allowed_signers_line(&public).expect("line");
+    std::fs::write(host.path("allowed_signers"), format!("{line}\n")).expect("write");
+    // Six bytes whose last five are a "user present" trailer: flags 0x01, counter 42.
+    let forged = format!("{untouched}{}\n", B64.encode([0u8, 1, 0, 0, 0, 42]));
+    // ssh-keygen itself accepts the appended text (it stops at the END line) ...
+    let verify = {
+        let sig = host.path("forged.sig");
+        std::fs::write(&sig, &forged).expect("sig");
+        let mut child = Command::new("ssh-keygen")
+            .args(["-Y", "verify", "-n", "kpssh", "-I", "kpssh", "-f"])
+            .arg(host.path("allowed_signers"))
+            .arg("-s")
+            .arg(&sig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ssh-keygen");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(msg)
+            .expect("msg");
+        child.wait_with_output().expect("wait")
+    };
+    assert!(verify.status.success(), "ssh-keygen: {verify:?}");
+    // ... and the shim still sees the untouched flags.
+    let p = host.params_text();
+    let out = host.shim("run join", &raw_v1("join", &p, Some(&forged), msg));
+    assert_eq!(code(&out), exit::SIGNATURE, "{}", stderr(&out));
+    assert!(stderr(&out).contains("user presence"), "{}", stderr(&out));
+    assert!(!host.ran());
+    // A signature that does not start with the armor is refused as such.
+    let prefixed = format!("junk\n{untouched}");
+    let out = host.shim("run join", &raw_v1("join", &p, Some(&prefixed), msg));
+    assert_eq!(code(&out), exit::SIGNATURE, "{}", stderr(&out));
+    assert!(!host.ran());
 }
 
 /// Without ForceCommand (no `SSH_ORIGINAL_COMMAND`) the command comes from the arguments.
