@@ -36,6 +36,8 @@ pub struct Config {
     pub retry_max: Duration,
     /// Bootstrap token lifetime.
     pub token_ttl: Duration,
+    /// Verified mode: whether v1 signatures are accepted (`--allow-v1-signatures`; off).
+    pub verified: crate::profile::verified::VerifiedPolicy,
 }
 
 impl Default for Config {
@@ -56,6 +58,7 @@ impl Default for Config {
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),
             token_ttl: Duration::from_secs(3600),
+            verified: crate::profile::verified::VerifiedPolicy::default(),
         }
     }
 }

@@ -3,6 +3,8 @@
 
 mod acceptance;
 mod disruption;
+mod drain_order;
+mod grace;
 mod lifecycle;
 mod metrics;
 mod provisioning;
@@ -32,6 +34,26 @@ impl Drop for Env {
         for t in &self._sched {
             t.abort();
         }
+    }
+}
+
+impl Env {
+    /// A controller crash and restart: the actors and the karpenter layer (and the simulated
+    /// scheduler beside it) start again from what the API holds.
+    pub async fn restart(&mut self, cfg: KarpenterConfig) {
+        self.k.stop();
+        for t in &self._sched {
+            t.abort();
+        }
+        self.w.crash_and_restart(12).await.expect("restart");
+        self.k = kpssh::karpenter::spawn_with(&self.w.ctx, cfg)
+            .await
+            .expect("karpenter");
+        self._sched = sim_scheduler::spawn(
+            self.w.cluster.clone(),
+            self.k.state.clone(),
+            Duration::from_secs(1),
+        );
     }
 }
 
