@@ -7,6 +7,7 @@ mod drain_order;
 mod grace;
 mod lifecycle;
 mod metrics;
+mod node_deletion;
 mod provisioning;
 mod termination;
 
