@@ -3,9 +3,11 @@
 
 mod acceptance;
 mod disruption;
+mod expiration;
 mod lifecycle;
 mod metrics;
 mod provisioning;
+mod repair;
 mod termination;
 
 use std::collections::BTreeMap;

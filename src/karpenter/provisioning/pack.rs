@@ -516,6 +516,9 @@ mod tests {
             tolerations: vec![],
             anti: vec![],
             spread: vec![],
+            host_ports: vec![],
+            claims: vec![],
+            volume_terms: vec![],
             unsupported: None,
         }
     }
