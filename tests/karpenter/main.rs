@@ -2,7 +2,9 @@
 //! simulated hosts and a simulated scheduler, on tokio's paused clock.
 
 mod acceptance;
+mod consolidation;
 mod disruption;
+mod exchange;
 mod expiration;
 mod lifecycle;
 mod metrics;

@@ -155,6 +155,8 @@ pub struct Elsewhere {
 
 /// Where each pod of a candidate would go: node index and pod.
 pub struct Plan {
+    /// The candidate's node, when it is in the view.
+    node: Option<usize>,
     moves: Vec<(usize, PodInfo)>,
 }
 
@@ -240,16 +242,26 @@ impl Elsewhere {
 
     /// Where every pod that would have to move from `node` (`moving`, largest first) goes on
     /// the other nodes, first fit in node order without changing the view; `None` when one
-    /// fits nowhere, or has a constraint this layer cannot check (then it keeps its node).
+    /// fits nowhere, or has a constraint this layer cannot check (then it keeps its node). The
+    /// pods on their way to `node` (from a node being drained) must find room too.
     pub fn plan(&self, node: &str, moving: &[PodInfo]) -> Option<Plan> {
         if moving.iter().any(|p| p.unsupported.is_some()) {
             return None;
         }
         let own = self.by_name.get(node).copied();
+        let mut all: Vec<PodInfo>;
+        let pods = match own.map(|i| &self.reserved[i]) {
+            Some(r) if !r.is_empty() => {
+                all = moving.iter().chain(r).cloned().collect();
+                sort_pods(&mut all);
+                all.as_slice()
+            }
+            _ => moving,
+        };
         // Nodes that took a moving pod, with it added.
         let mut taken: HashMap<usize, SimNode> = HashMap::new();
-        let mut moves = Vec::with_capacity(moving.len());
-        for p in moving {
+        let mut moves = Vec::with_capacity(pods.len());
+        for p in pods {
             let i = (0..self.nodes.len()).find(|&i| {
                 Some(i) != own && !self.gone[i] && taken.get(&i).unwrap_or(&self.nodes[i]).fits(p)
             })?;
@@ -259,11 +271,16 @@ impl Elsewhere {
                 .add(p);
             moves.push((i, p.clone()));
         }
-        Some(Plan { moves })
+        Some(Plan { node: own, moves })
     }
 
-    /// The candidate of `plan` is being disrupted: its pods take the room planned for them.
+    /// The node of `plan` is being disrupted: nothing may move onto it any more, and its pods
+    /// (and those that were on their way to it) take the room planned for them.
     pub fn commit(&mut self, plan: Plan) {
+        if let Some(own) = plan.node {
+            self.gone[own] = true;
+            self.reserved[own].clear();
+        }
         for (i, p) in plan.moves {
             self.nodes[i].add(&p);
             self.reserved[i].push(p);

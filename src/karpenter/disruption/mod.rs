@@ -316,9 +316,7 @@ impl Disrupter {
             if !mark(ctx, state, &c.claim, &c.node, c.reason, None).await? {
                 continue;
             }
-            let e = round.elsewhere(state);
-            e.commit(plan);
-            e.forget(&node_name);
+            round.elsewhere(state).commit(plan);
             disrupting += 1;
             underutilized_done |= c.reason == Reason::Underutilized;
             done.push((name, c.reason));
