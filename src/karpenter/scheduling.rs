@@ -473,6 +473,35 @@ mod tests {
         }
     }
 
+    /// S48: two pods binding one host port never share a node (the scheduler's NodePorts
+    /// filter): same protocol and port, and addresses that overlap.
+    #[test]
+    fn s48_host_ports_collide_as_the_scheduler_sees_them() {
+        let hp = |protocol: &str, port: i32, ip: &str| HostPort {
+            protocol: protocol.into(),
+            port,
+            ip: ip.into(),
+        };
+        assert!(hp("TCP", 80, "").collides(&hp("TCP", 80, "10.0.0.1")));
+        assert!(hp("TCP", 80, "0.0.0.0").collides(&hp("TCP", 80, "")));
+        assert!(!hp("TCP", 80, "10.0.0.1").collides(&hp("TCP", 80, "10.0.0.2")));
+        assert!(!hp("TCP", 80, "").collides(&hp("UDP", 80, "")));
+        assert!(!hp("TCP", 80, "").collides(&hp("TCP", 81, "")));
+        let mut a = sized(1, 100, 1);
+        a.host_ports = vec![hp("TCP", 8080, "")];
+        let mut b = sized(2, 100, 2);
+        b.host_ports = vec![hp("TCP", 8080, "")];
+        let mut node = SimNode {
+            allocatable: BTreeMap::from([("cpu".to_string(), 1000)]),
+            ..Default::default()
+        };
+        assert!(node.fits(&a));
+        node.add(&a);
+        assert!(!node.fits(&b), "host port taken");
+        b.host_ports = vec![hp("TCP", 8081, "")];
+        assert!(node.fits(&b));
+    }
+
     #[test]
     fn tolerations_follow_the_scheduler() {
         let t = taint("gpu", Some("yes"), "NoSchedule");

@@ -510,3 +510,81 @@ async fn s50_drifted_node_whose_pods_can_go_nowhere_is_not_disrupted() {
         .await;
     assert!(ok, "replaced once the limit allows: {:?}", reasons(&e));
 }
+
+/// S50 (core's RequirementsDrifted): a NodePool requirement edit drifts only the nodes whose
+/// labels no longer satisfy it. The claim carries no template hash (as one made by another
+/// version would), so only the requirements decide: `arch In [amd64]` keeps the amd64 node,
+/// `instance-type NotIn [small]` drifts it, and it is replaced on the big class.
+#[tokio::test(start_paused = true)]
+async fn s50_requirement_edit_drifts_only_nodes_whose_labels_no_longer_satisfy_it() {
+    use kpssh::api::karpenter::{INSTANCE_TYPE_LABEL, NodeSelectorRequirement};
+    use kpssh::karpenter::nodepool_hash::NODEPOOL_HASH_ANNOTATION;
+
+    let e = env().await;
+    hosts(&e, "s", "small", 1, 2, 4, 89).await;
+    hosts(&e, "b", "big", 1, 8, 16, 90).await;
+    e.w.cluster
+        .create(&consolidating("Never"))
+        .await
+        .expect("np");
+    let first = one_running_pod(&e).await;
+    let types = |cs: Vec<kpssh::api::NodeClaim>| {
+        cs.iter()
+            .filter_map(kpssh::karpenter::provisioning::claim_type)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(types(claims(&e).await), vec!["small".to_string()]);
+    e.w.cluster
+        .patch::<kpssh::api::NodeClaim>(
+            None,
+            &first,
+            &serde_json::json!({"metadata": {"annotations": {NODEPOOL_HASH_ANNOTATION: null}}}),
+        )
+        .await
+        .expect("strip the hash");
+    let require = |key: &str, op: &str, value: &str| NodeSelectorRequirement {
+        key: key.into(),
+        operator: op.into(),
+        values: vec![value.into()],
+        min_values: None,
+    };
+    let edit = |r: NodeSelectorRequirement| async {
+        let mut np: NodePool =
+            e.w.cluster
+                .get(None, "default")
+                .await
+                .expect("get")
+                .expect("np");
+        np.spec.template.spec.requirements.push(r);
+        e.w.cluster.replace(&np).await.expect("replace");
+    };
+    edit(require("kubernetes.io/arch", "In", "amd64")).await;
+    tokio::time::sleep(5 * MINUTE).await;
+    let cs = claims(&e).await;
+    assert_eq!(cs.len(), 1);
+    assert_eq!(
+        cs[0].metadata.name.as_deref(),
+        Some(first.as_str()),
+        "a requirement the node satisfies drifted it: {:?}",
+        reasons(&e)
+    );
+    edit(require(INSTANCE_TYPE_LABEL, "NotIn", "small")).await;
+    let ok =
+        e.w.until(10 * MINUTE, || async {
+            types(claims(&e).await) == vec!["big".to_string()] && running(&e).await == 1
+        })
+        .await;
+    assert!(
+        ok,
+        "the small node drifted and was replaced: {:?}",
+        reasons(&e)
+    );
+    assert!(
+        e.w.cluster
+            .events()
+            .iter()
+            .any(|ev| ev.reason == "DisruptionLaunching" && ev.message.contains("drifted")),
+        "{:?}",
+        reasons(&e)
+    );
+}

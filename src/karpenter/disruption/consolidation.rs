@@ -306,3 +306,121 @@ fn room_for(node: &SimNode, p: &PodInfo) -> bool {
 pub fn fits_elsewhere(st: &Inner, node: &str) -> bool {
     Elsewhere::new(st).fits(st, node)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        Container, NodeCondition, NodeSpec, NodeStatus, PodSpec, ResourceRequirements,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn node(name: &str, cpu: &str) -> k8s_openapi::api::core::v1::Node {
+        k8s_openapi::api::core::v1::Node {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([(
+                    "kubernetes.io/hostname".to_string(),
+                    name.to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec::default()),
+            status: Some(NodeStatus {
+                allocatable: Some(BTreeMap::from([("cpu".into(), Quantity(cpu.into()))])),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn pod(name: &str, cpu: &str, on: Option<&str>) -> Pod {
+        Pod {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: on.map(str::to_string),
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources: Some(ResourceRequirements {
+                        requests: Some(BTreeMap::from([("cpu".into(), Quantity(cpu.into()))])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn state(nodes: &[(&str, &str)], pods: Vec<Pod>) -> Inner {
+        let mut st = Inner::default();
+        for (n, cpu) in nodes {
+            st.nodes.insert(n.to_string(), node(n, cpu));
+        }
+        for p in pods {
+            let key = (
+                "default".to_string(),
+                p.metadata.name.clone().unwrap_or_default(),
+            );
+            st.pods.insert(key, p);
+        }
+        st
+    }
+
+    /// S47: a pending pod takes the free space it fits in; a candidate whose pod needs that
+    /// same space does not fit. Disrupting one candidate books its pods' room for the next.
+    #[test]
+    fn s47_pending_pods_and_committed_plans_book_room() {
+        let st = state(
+            &[("a", "4"), ("b", "4"), ("c", "4")],
+            vec![
+                pod("on-a", "1", Some("a")),
+                pod("on-b", "3", Some("b")),
+                pod("on-c", "3", Some("c")),
+            ],
+        );
+        let mut view = Elsewhere::new(&st);
+        // a has 3 free: b's pod fits there (c's too, but not both).
+        let plan = view.plan("b", &moving_pods(&st, "b")).expect("b fits on a");
+        view.commit(plan);
+        assert!(
+            view.plan("c", &moving_pods(&st, "c")).is_none(),
+            "c counted on the room b's pod took"
+        );
+        // A pending 3-cpu pod books a's room before any candidate.
+        let mut with_pending = state(
+            &[("a", "4"), ("b", "4")],
+            vec![pod("on-a", "1", Some("a")), pod("on-b", "3", Some("b"))],
+        );
+        with_pending
+            .pods
+            .insert(("default".into(), "new".into()), pod("new", "3", None));
+        let view = Elsewhere::new(&with_pending);
+        assert!(view.plan("b", &moving_pods(&with_pending, "b")).is_none());
+        assert!(
+            view.wanted_by_pending(&[], "a"),
+            "a is booked by the pending pod"
+        );
+    }
+
+    /// S48: a pod with a constraint this layer cannot check keeps its node, whatever room
+    /// there is elsewhere.
+    #[test]
+    fn s48_a_pod_with_an_unchecked_constraint_keeps_its_node() {
+        let st = state(&[("a", "8"), ("b", "8")], vec![pod("on-b", "1", Some("b"))]);
+        let view = Elsewhere::new(&st);
+        let mut moving = moving_pods(&st, "b");
+        assert!(view.plan("b", &moving).is_some());
+        moving[0].unsupported = Some("topology spread on topology key zone".into());
+        assert!(view.plan("b", &moving).is_none());
+    }
+}
