@@ -2,13 +2,17 @@
 //! simulated hosts and a simulated scheduler, on tokio's paused clock.
 
 mod acceptance;
+mod consolidation;
 mod disruption;
 mod drain_order;
+mod exchange;
+mod expiration;
 mod grace;
 mod lifecycle;
 mod metrics;
 mod node_deletion;
 mod provisioning;
+mod repair;
 mod termination;
 
 use std::collections::BTreeMap;
