@@ -1,7 +1,7 @@
 //! Execution: a parsed tree against the data.
 
 use super::Value;
-use super::funcs::{compare, field, print_value, printf};
+use super::funcs::{compare, field, print_arg, print_value, printf};
 use super::parser::{Command, Node, OpKind, Operand, Pipeline};
 
 // ---------------------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ impl Exec<'_> {
                             s.push(' ');
                         }
                     }
-                    print_value(v, &mut s).map_err(|m| (pos, m))?;
+                    print_arg(v, &mut s).map_err(|m| (pos, m))?;
                 }
                 if name == "println" {
                     s.push('\n');

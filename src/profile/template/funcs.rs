@@ -4,9 +4,11 @@ use super::Value;
 
 pub(super) fn field(v: Value, name: &str) -> Result<Value, String> {
     match v {
-        Value::Root(mut m) => m.remove(name).ok_or_else(|| {
-            format!("can't evaluate field {name}: no such key in the template data")
-        }),
+        Value::Root(fields) => fields
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| format!("can't evaluate field {name} in type *profile.Context")),
         Value::Map(mut m) => m
             .remove(name)
             .ok_or_else(|| format!("map has no entry for key \"{name}\"")),
@@ -64,11 +66,35 @@ pub(super) fn print_value(v: &Value, out: &mut String) -> Result<(), String> {
             }
             out.push(']');
         }
-        Value::Root(_) => {
-            return Err("refusing to print the whole template data (it holds secrets)".into());
+        Value::Root(fields) => {
+            // Go prints a struct as `{v1 v2 …}`, its fields with %v.
+            out.push('{');
+            for (i, (_, x)) in fields.iter().enumerate() {
+                if i > 0 {
+                    out.push(' ');
+                }
+                print_value(x, out)?;
+            }
+            out.push('}');
         }
     }
     Ok(())
+}
+
+/// A value as fmt prints a function argument: the data is a pointer there (`&{…}`) and nil is
+/// `<nil>` (an action prints it as `<no value>`).
+pub(super) fn print_arg(v: &Value, out: &mut String) -> Result<(), String> {
+    match v {
+        Value::Nil => {
+            out.push_str("<nil>");
+            Ok(())
+        }
+        Value::Root(_) => {
+            out.push('&');
+            print_value(v, out)
+        }
+        _ => print_value(v, out),
+    }
 }
 
 pub(super) fn go_quote(s: &str, out: &mut String) {
@@ -107,7 +133,7 @@ pub(super) fn printf(fmt: &str, args: &[Value]) -> Result<String, String> {
             .next()
             .ok_or_else(|| format!("printf: missing argument for %{verb}"))?;
         match verb {
-            's' | 'v' => print_value(arg, &mut out)?,
+            's' | 'v' => print_arg(arg, &mut out)?,
             'd' => match arg {
                 Value::Int(i) => out.push_str(&i.to_string()),
                 other => return Err(format!("printf: %d of {}", other.type_name())),

@@ -34,11 +34,11 @@ mod lexer;
 mod parser;
 mod values;
 
-pub use values::Value;
+pub use values::{ContextData, Value};
 
 use exec::Exec;
 use lexer::{Lexer, line_col};
-use parser::{Node, OpKind, Parser, Pipeline, Terminator};
+use parser::{Node, Parser, Terminator};
 
 /// A template parse or execution error, with the 1-based line and column of the offending token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,19 +57,6 @@ pub struct TemplateError {
 pub struct Template {
     src: String,
     nodes: Vec<Node>,
-}
-
-/// A place where a template reaches into its data, for static checks (the leave rules).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DataRef {
-    /// A field name in any chain (`.Vars.x` yields `Vars` and `x`).
-    Field {
-        line: usize,
-        col: usize,
-        name: String,
-    },
-    /// The whole root data: `$`, or `.` while dot is still the root.
-    Root { line: usize, col: usize },
 }
 
 impl Template {
@@ -107,91 +94,6 @@ impl Template {
             TemplateError { line, col, msg }
         })?;
         Ok(ex.out.into_bytes())
-    }
-
-    /// Every reference into the data, in source order.
-    pub fn data_refs(&self) -> Vec<DataRef> {
-        let mut raw = Vec::new();
-        refs_nodes(&self.nodes, true, &mut raw);
-        raw.into_iter()
-            .map(|(pos, name)| {
-                let (line, col) = line_col(&self.src, pos);
-                match name {
-                    Some(name) => DataRef::Field { line, col, name },
-                    None => DataRef::Root { line, col },
-                }
-            })
-            .collect()
-    }
-}
-
-type RawRef = (usize, Option<String>);
-
-fn refs_nodes(nodes: &[Node], dot_is_root: bool, out: &mut Vec<RawRef>) {
-    for n in nodes {
-        match n {
-            Node::Text(_) => {}
-            Node::Action(p) => refs_pipe(p, dot_is_root, out),
-            Node::If {
-                branches,
-                otherwise,
-            } => {
-                for (p, body) in branches {
-                    refs_pipe(p, dot_is_root, out);
-                    refs_nodes(body, dot_is_root, out);
-                }
-                refs_nodes(otherwise, dot_is_root, out);
-            }
-            Node::With {
-                branches,
-                otherwise,
-            } => {
-                for (p, body) in branches {
-                    refs_pipe(p, dot_is_root, out);
-                    refs_nodes(body, false, out);
-                }
-                refs_nodes(otherwise, dot_is_root, out);
-            }
-            Node::Range {
-                pipe,
-                body,
-                otherwise,
-            } => {
-                refs_pipe(pipe, dot_is_root, out);
-                refs_nodes(body, false, out);
-                refs_nodes(otherwise, dot_is_root, out);
-            }
-        }
-    }
-}
-
-fn refs_pipe(p: &Pipeline, dot_is_root: bool, out: &mut Vec<RawRef>) {
-    for c in &p.cmds {
-        for a in &c.args {
-            let chain = match &a.kind {
-                OpKind::Dot => {
-                    if dot_is_root {
-                        out.push((a.pos, None));
-                    }
-                    continue;
-                }
-                OpKind::Field(chain) => chain,
-                OpKind::Var(name, chain) => {
-                    if name.is_empty() && chain.is_empty() {
-                        out.push((a.pos, None));
-                    }
-                    chain
-                }
-                OpKind::Sub(inner, chain) => {
-                    refs_pipe(inner, dot_is_root, out);
-                    chain
-                }
-                _ => continue,
-            };
-            for f in chain {
-                out.push((a.pos, Some(f.clone())));
-            }
-        }
     }
 }
 

@@ -15,9 +15,60 @@ pub enum Value {
     Secret(Secret),
     List(Vec<Value>),
     Map(BTreeMap<String, Value>),
-    /// The top-level data: behaves like a Go struct (unknown field = error, not indexable,
-    /// not rangeable, not printable).
-    Root(BTreeMap<String, Value>),
+    /// The top-level data: behaves like the Go provider's `*profile.Context` (fields in its
+    /// order; unknown field = error, not indexable, not rangeable). Built by
+    /// [`ContextData::into_value`].
+    Root(Vec<(String, Value)>),
+}
+
+/// The template data, field for field the Go provider's `profile.Context` (its
+/// `internal/profile/profile.go`): profiles written for it see the same names, the same
+/// values and print the same way. `vars` and `secrets` are `None` where Go's maps are nil.
+#[derive(Clone, Debug, Default)]
+pub struct ContextData {
+    pub cluster_endpoint: String,
+    pub cluster_ca_cert: String,
+    pub bootstrap_token: Secret,
+    pub node_name: String,
+    pub provider_id: String,
+    pub node_labels: String,
+    pub register_with_taints: String,
+    pub host_address: String,
+    pub node_address: String,
+    pub vars: Option<BTreeMap<String, String>>,
+    pub secrets: Option<BTreeMap<String, Secret>>,
+}
+
+impl ContextData {
+    /// The root value templates render against.
+    pub fn into_value(self) -> Value {
+        let s = |v: String| Value::Str(v);
+        let vars = self
+            .vars
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, Value::Str(v)))
+            .collect();
+        let secrets = self
+            .secrets
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, Value::Secret(v)))
+            .collect();
+        Value::Root(vec![
+            ("ClusterEndpoint".into(), s(self.cluster_endpoint)),
+            ("ClusterCACert".into(), s(self.cluster_ca_cert)),
+            ("BootstrapToken".into(), Value::Secret(self.bootstrap_token)),
+            ("NodeName".into(), s(self.node_name)),
+            ("ProviderID".into(), s(self.provider_id)),
+            ("NodeLabels".into(), s(self.node_labels)),
+            ("RegisterWithTaints".into(), s(self.register_with_taints)),
+            ("HostAddress".into(), s(self.host_address)),
+            ("NodeAddress".into(), s(self.node_address)),
+            ("Vars".into(), Value::Map(vars)),
+            ("Secrets".into(), Value::Map(secrets)),
+        ])
+    }
 }
 
 impl Value {
@@ -29,7 +80,7 @@ impl Value {
             Value::Str(_) | Value::Secret(_) => "string",
             Value::List(_) => "list",
             Value::Map(_) => "map",
-            Value::Root(_) => "context",
+            Value::Root(_) => "*profile.Context",
         }
     }
 
