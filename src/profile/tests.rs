@@ -213,7 +213,7 @@ fn render_errors_never_contain_secrets() {
         !msg.contains("s3cret") && !msg.contains("0123456789abcdef"),
         "{msg}"
     );
-    p.scripts.join = Some("{{ printf \"%d\" .BootstrapToken }}".into());
+    p.scripts.join = Some("{{ index .NodeName .BootstrapToken }}".into());
     let msg = render_phase(&p, Phase::Join, &ctx(), ExecMode::Raw)
         .unwrap_err()
         .to_string();

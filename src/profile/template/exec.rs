@@ -1,7 +1,8 @@
 //! Execution: a parsed tree against the data.
 
 use super::Value;
-use super::funcs::{compare, field, print_arg, print_value, printf};
+use super::fmt;
+use super::funcs::{field, go_eq, go_lt};
 use super::parser::{Command, Node, OpKind, Operand, Pipeline};
 
 // ---------------------------------------------------------------------------------------------
@@ -23,7 +24,7 @@ impl Exec<'_> {
                 Node::Action(p) => {
                     let v = self.pipeline(p, dot)?;
                     if p.decl.is_empty() {
-                        print_value(&v, &mut self.out).map_err(|m| (p.pos, m))?;
+                        fmt::action_text(&v, &mut self.out);
                     }
                 }
                 Node::If {
@@ -78,7 +79,17 @@ impl Exec<'_> {
                             .enumerate()
                             .map(|(i, v)| (Value::Int(i64::try_from(i).unwrap_or(i64::MAX)), v))
                             .collect(),
-                        Value::Nil => Vec::new(),
+                        Value::Nil | Value::NilMap => Vec::new(),
+                        // Go 1.22+: an integer n ranges over 0..n, the element only.
+                        Value::Int(n) => {
+                            if pipe.decl.len() > 1 {
+                                return Err((
+                                    pipe.pos,
+                                    format!("can't use {n} to iterate over more than one variable"),
+                                ));
+                            }
+                            (0..n.max(0)).map(|i| (Value::Nil, Value::Int(i))).collect()
+                        }
                         other => {
                             return Err((
                                 pipe.pos,
@@ -248,43 +259,30 @@ impl Exec<'_> {
                     Value::Secret(s) => s.expose().len(),
                     Value::List(l) => l.len(),
                     Value::Map(m) => m.len(),
+                    Value::NilMap => 0,
                     other => {
                         return Err((pos, format!("len of type {}", other.type_name())));
                     }
                 };
                 Ok(Value::Int(i64::try_from(n).unwrap_or(i64::MAX)))
             }
-            "eq" => {
-                if vals.len() < 2 {
-                    return Err((pos, "missing argument for comparison".into()));
-                }
-                for other in &vals[1..] {
-                    if compare(&vals[0], other).map_err(|m| (pos, m))? == std::cmp::Ordering::Equal
-                    {
-                        return Ok(Value::Bool(true));
-                    }
-                }
-                Ok(Value::Bool(false))
-            }
+            "eq" => match vals.split_first() {
+                Some((first, rest)) => go_eq(first, rest).map(Value::Bool).map_err(|m| (pos, m)),
+                None => Err((pos, "wrong number of args for eq: want at least 1".into())),
+            },
             "ne" | "lt" | "le" | "gt" | "ge" => {
                 want(2)?;
-                let ord = compare(&vals[0], &vals[1]).map_err(|m| (pos, m))?;
-                if name != "ne"
-                    && !matches!(vals[0], Value::Int(_) | Value::Str(_) | Value::Secret(_))
-                {
-                    return Err((
-                        pos,
-                        format!("invalid type for comparison: {}", vals[0].type_name()),
-                    ));
-                }
-                use std::cmp::Ordering::*;
-                Ok(Value::Bool(match name {
-                    "ne" => ord != Equal,
-                    "lt" => ord == Less,
-                    "le" => ord != Greater,
-                    "gt" => ord == Greater,
-                    _ => ord != Less,
-                }))
+                let (a, b) = (&vals[0], &vals[1]);
+                let r = match name {
+                    "ne" => go_eq(a, std::slice::from_ref(b)).map(|e| !e),
+                    "lt" => go_lt(a, b),
+                    "le" => go_lt(a, b).and_then(|l| Ok(l || go_eq(a, std::slice::from_ref(b))?)),
+                    "gt" => {
+                        go_lt(a, b).and_then(|l| Ok(!(l || go_eq(a, std::slice::from_ref(b))?)))
+                    }
+                    _ => go_lt(a, b).map(|l| !l),
+                };
+                r.map(Value::Bool).map_err(|m| (pos, m))
             }
             "index" => {
                 if vals.is_empty() {
@@ -296,6 +294,7 @@ impl Exec<'_> {
                 let mut cur = vals[0].clone();
                 for k in &vals[1..] {
                     cur = match (cur, k) {
+                        (Value::NilMap, k) if k.as_str().is_some() => Value::Str(String::new()),
                         (Value::Map(mut m), k) => {
                             let key = k.as_str().ok_or((
                                 pos,
@@ -309,6 +308,15 @@ impl Exec<'_> {
                                 .filter(|i| *i < l.len())
                                 .ok_or((pos, "index out of range".to_string()))?;
                             l.swap_remove(idx)
+                        }
+                        // A string indexes to its byte (Go's uint8).
+                        (c @ (Value::Str(_) | Value::Secret(_)), Value::Int(i)) => {
+                            let bytes = c.as_str().unwrap_or_default().as_bytes();
+                            let b = usize::try_from(*i)
+                                .ok()
+                                .and_then(|i| bytes.get(i))
+                                .ok_or((pos, "string index out of range".to_string()))?;
+                            Value::Uint8(*b)
                         }
                         (c, k) => {
                             return Err((
@@ -324,33 +332,15 @@ impl Exec<'_> {
                 }
                 Ok(cur)
             }
-            "print" | "println" => {
-                let mut s = String::new();
-                for (i, v) in vals.iter().enumerate() {
-                    if i > 0 {
-                        let both_non_str = v.as_str().is_none() && vals[i - 1].as_str().is_none();
-                        if name == "println" || both_non_str {
-                            s.push(' ');
-                        }
-                    }
-                    print_arg(v, &mut s).map_err(|m| (pos, m))?;
-                }
-                if name == "println" {
-                    s.push('\n');
-                }
-                Ok(Value::Str(s))
-            }
+            "print" | "println" => Ok(Value::Str(fmt::sprint(&vals, name == "println"))),
             "printf" => {
-                let Some(fmt) = vals.first().and_then(Value::as_str) else {
+                let Some(format) = vals.first().and_then(Value::as_str) else {
                     return Err((
                         pos,
                         "printf needs a string format as its first argument".into(),
                     ));
                 };
-                let fmt = fmt.to_string();
-                printf(&fmt, &vals[1..])
-                    .map(Value::Str)
-                    .map_err(|m| (pos, m))
+                Ok(Value::Str(fmt::sprintf(format, &vals[1..])))
             }
             _ => Err((pos, format!("function \"{name}\" not defined"))),
         }

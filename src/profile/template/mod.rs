@@ -29,6 +29,7 @@
 //! values (only names that appear in the template text).
 
 mod exec;
+mod fmt;
 mod funcs;
 mod lexer;
 mod parser;

@@ -245,19 +245,13 @@ impl Parser {
         }
         if decl.is_empty() {
             assign = false;
-        } else if assign {
-            for (p, n) in &decl {
-                if !self.vars.contains(n) {
-                    return Err((*p, format!("undefined variable \"${n}\"")));
-                }
-            }
+        }
+        // As Go's parser: a declared (or assigned) name counts as defined from here on, also
+        // inside its own pipeline; whether it has a value is checked when it runs.
+        for (_, n) in &decl {
+            self.vars.push(n.clone());
         }
         let cmds = self.commands(pos, rest)?;
-        if !assign {
-            for (_, n) in &decl {
-                self.vars.push(n.clone());
-            }
-        }
         Ok(Pipeline {
             pos,
             decl,

@@ -10,11 +10,16 @@ pub enum Value {
     Nil,
     Bool(bool),
     Int(i64),
+    /// A byte: what `index` yields on a string (Go's `uint8`).
+    Uint8(u8),
     Str(String),
     /// Renders as its value; never appears in `Debug` output or error texts.
     Secret(Secret),
     List(Vec<Value>),
     Map(BTreeMap<String, Value>),
+    /// A nil Go map (`Vars`/`Secrets` the Go provider left unset): empty everywhere, but equal
+    /// to `nil` in `eq`.
+    NilMap,
     /// The top-level data: behaves like the Go provider's `*profile.Context` (fields in its
     /// order; unknown field = error, not indexable, not rangeable). Built by
     /// [`ContextData::into_value`].
@@ -43,18 +48,14 @@ impl ContextData {
     /// The root value templates render against.
     pub fn into_value(self) -> Value {
         let s = |v: String| Value::Str(v);
-        let vars = self
-            .vars
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, Value::Str(v)))
-            .collect();
-        let secrets = self
-            .secrets
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, Value::Secret(v)))
-            .collect();
+        let vars = match self.vars {
+            Some(m) => Value::Map(m.into_iter().map(|(k, v)| (k, Value::Str(v))).collect()),
+            None => Value::NilMap,
+        };
+        let secrets = match self.secrets {
+            Some(m) => Value::Map(m.into_iter().map(|(k, v)| (k, Value::Secret(v))).collect()),
+            None => Value::NilMap,
+        };
         Value::Root(vec![
             ("ClusterEndpoint".into(), s(self.cluster_endpoint)),
             ("ClusterCACert".into(), s(self.cluster_ca_cert)),
@@ -65,8 +66,8 @@ impl ContextData {
             ("RegisterWithTaints".into(), s(self.register_with_taints)),
             ("HostAddress".into(), s(self.host_address)),
             ("NodeAddress".into(), s(self.node_address)),
-            ("Vars".into(), Value::Map(vars)),
-            ("Secrets".into(), Value::Map(secrets)),
+            ("Vars".into(), vars),
+            ("Secrets".into(), secrets),
         ])
     }
 }
@@ -77,9 +78,10 @@ impl Value {
             Value::Nil => "nil",
             Value::Bool(_) => "bool",
             Value::Int(_) => "int",
+            Value::Uint8(_) => "uint8",
             Value::Str(_) | Value::Secret(_) => "string",
             Value::List(_) => "list",
-            Value::Map(_) => "map",
+            Value::Map(_) | Value::NilMap => "map",
             Value::Root(_) => "*profile.Context",
         }
     }
@@ -98,10 +100,12 @@ impl Value {
             Value::Nil => false,
             Value::Bool(b) => *b,
             Value::Int(i) => *i != 0,
+            Value::Uint8(b) => *b != 0,
             Value::Str(s) => !s.is_empty(),
             Value::Secret(s) => !s.is_empty(),
             Value::List(l) => !l.is_empty(),
             Value::Map(m) => !m.is_empty(),
+            Value::NilMap => false,
             Value::Root(_) => true,
         }
     }
