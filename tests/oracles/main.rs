@@ -11,3 +11,4 @@ mod joinhash;
 mod nodepool_hash;
 mod requirements;
 mod support;
+mod templates;
