@@ -36,6 +36,10 @@ pub struct Config {
     pub retry_max: Duration,
     /// Bootstrap token lifetime.
     pub token_ttl: Duration,
+    /// S63: a host whose launch failed is not claimed for this long, doubled for each further
+    /// consecutive failure up to `launch_backoff_max`.
+    pub launch_backoff_base: Duration,
+    pub launch_backoff_max: Duration,
 }
 
 impl Default for Config {
@@ -56,6 +60,8 @@ impl Default for Config {
             retry_base: Duration::from_secs(5),
             retry_max: Duration::from_secs(300),
             token_ttl: Duration::from_secs(3600),
+            launch_backoff_base: Duration::from_secs(60),
+            launch_backoff_max: Duration::from_secs(3600),
         }
     }
 }
