@@ -3,13 +3,17 @@
 
 mod acceptance;
 mod adopt;
+mod consolidation;
 mod disruption;
 mod drain_order;
+mod exchange;
+mod expiration;
 mod grace;
 mod lifecycle;
 mod metrics;
 mod node_deletion;
 mod provisioning;
+mod repair;
 mod termination;
 
 use std::collections::BTreeMap;
