@@ -199,7 +199,7 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
     if out.success() {
         return Ok(());
     }
-    let tail = redactor.tail_bytes(&out.stderr, STDERR_TAIL);
+    let tail = redactor.tail_output(&out.stderr, out.stderr_dropped, STDERR_TAIL);
     let meaning = match state.host.spec.exec_mode {
         ExecMode::Verified => format!(" ({})", super::verified::describe_exit(out.exit_status)),
         ExecMode::Raw => String::new(),
