@@ -12,7 +12,6 @@ pub mod nodepool_hash;
 pub mod pods;
 pub mod provisioning;
 pub mod quantity;
-pub mod replacement;
 pub mod scheduling;
 pub mod sim_scheduler;
 pub mod state;

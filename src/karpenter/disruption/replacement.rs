@@ -5,23 +5,29 @@
 //! the exchange survives a controller restart and is given up when the replacement goes away.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::json;
 
-use super::lifecycle::condition_true;
-use super::provisioning::pack::{capacity_with_node, pool_usage, within_limits};
-use super::provisioning::{
+use super::super::lifecycle::condition_true;
+use super::super::provisioning::pack::{capacity_with_node, pool_usage, within_limits};
+use super::super::provisioning::{
     NewClaim, PoolOffer, build_claim, claim_name, claim_type, unheld_per_type,
 };
-use super::scheduling::{PodInfo, SimNode, sort_pods};
-use super::state::{ClusterState, Inner};
-use super::{KarpenterError, pods};
+use super::super::scheduling::{PodInfo, SimNode, sort_pods};
+use super::super::state::{ClusterState, Inner};
+use super::super::termination::is_marked;
+use super::super::{KarpenterError, pods};
+use super::candidates::Candidate;
+use super::validation::validate;
+use super::{Reason, mark};
 use crate::actors::Context;
 use crate::actors::events;
 use crate::actors::router::instance_types::instance_types;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
+use k8s_openapi::api::core::v1::Node;
 
 /// On the NodeClaim being replaced: the name of its replacement.
 pub const REPLACED_BY_ANNOTATION: &str = "karpenter.dklesev.github.io/replaced-by";
@@ -262,4 +268,81 @@ pub async fn abandon<C: Cluster, T: Transport>(
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Claims of `pool` waiting for a replacement: disrupt those whose replacement is Initialized,
+/// call off those whose replacement went away.
+pub(super) async fn finish_replacements<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    pool: &str,
+) -> Result<Vec<(String, Reason)>, KarpenterError> {
+    let waiting: Vec<(Arc<NodeClaim>, Option<Node>, Progress)> = {
+        let st = state.read();
+        st.nodeclaims
+            .values()
+            .filter(|nc| nc.nodepool() == Some(pool) && nc.metadata.deletion_timestamp.is_none())
+            .filter(|nc| !is_marked(nc))
+            .filter_map(|nc| {
+                let p = progress(&st, nc)?;
+                Some((nc.clone(), st.node_of(nc).cloned(), p))
+            })
+            .collect()
+    };
+    let mut done = vec![];
+    for (old, node, p) in waiting {
+        let name = old.metadata.name.clone().unwrap_or_default();
+        match (p, node) {
+            (Progress::Ready(by), Some(node)) => {
+                let reason = match reason(&old) {
+                    Some("Expired") => Reason::Expired,
+                    Some("Drifted") => Reason::Drifted,
+                    _ => Reason::Underutilized,
+                };
+                let detail = format!("replaced by NodeClaim {by}");
+                if mark(ctx, state, &old, &node, reason, Some(&detail)).await? {
+                    done.push((name, reason));
+                }
+            }
+            (Progress::Abandoned, _) => abandon(ctx, &old).await?,
+            _ => {}
+        }
+    }
+    Ok(done)
+}
+
+/// Launch a replacement for the candidate's pods (S38: on a cheaper instance type; S39: a
+/// drifted node, on any type with a free host); the candidate is disrupted once the
+/// replacement is Initialized ([`finish_replacements`]). False when no host can take them.
+pub(super) async fn replace_first<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    pool: &NodePool,
+    class: &SSHNodeClass,
+    c: &Candidate,
+    replacer: &mut Option<Option<Replacer>>,
+) -> Result<bool, KarpenterError> {
+    let cheaper = c.reason == Reason::Underutilized;
+    if replacer.is_none() {
+        *replacer = Some(Replacer::new(ctx, state, pool, class));
+    }
+    let Some(Some(r)) = replacer.as_mut() else {
+        return Ok(false);
+    };
+    let node_name = c.node.metadata.name.clone().unwrap_or_default();
+    let new = {
+        let st = state.read();
+        r.node_for(&st, &c.claim, &node_name, cheaper)
+    };
+    let Some(new) = new else {
+        return Ok(false);
+    };
+    if !validate(ctx, state, c).await? {
+        return Ok(false);
+    }
+    let launched = launch(ctx, pool, &c.claim, &new, c.reason.as_str()).await?;
+    if launched.is_some() {
+        r.reserve(&new.instance_type);
+    }
+    Ok(launched.is_some())
 }
