@@ -107,11 +107,16 @@ pub async fn run(args: PhaseArgs) -> anyhow::Result<i32> {
     let transport = RusshTransport::new(TransportConfig::default());
     match transport.exec(&target, cmd).await {
         Ok(out) => {
-            print!("{}", redactor.redact(&String::from_utf8_lossy(&out.stdout)));
-            eprint!("{}", redactor.redact(&String::from_utf8_lossy(&out.stderr)));
+            // The transport keeps the end of each stream: when it dropped a beginning, the
+            // text may start inside a secret, which redact_window also removes.
+            let shown = |bytes: &[u8], dropped: u64| {
+                redactor.redact_window(&String::from_utf8_lossy(bytes), dropped > 0, false)
+            };
+            print!("{}", shown(&out.stdout, out.stdout_dropped));
+            eprint!("{}", shown(&out.stderr, out.stderr_dropped));
             if out.stdout_dropped + out.stderr_dropped > 0 {
                 eprintln!(
-                    "kpssh: output capped ({} stdout and {} stderr bytes dropped)",
+                    "kpssh: output capped to its end ({} stdout and {} stderr bytes dropped before)",
                     out.stdout_dropped, out.stderr_dropped
                 );
             }

@@ -457,9 +457,11 @@ pub async fn cluster_endpoint<C: Cluster>(
     Ok((server, ca))
 }
 
-/// The bootstrap token for this launch: the one recorded on the host if its Secret still
-/// exists (a resumed launch, S20), else a new one — recorded in status **before** the Secret is
-/// created, so a crash in between can never orphan a token (S27).
+/// The bootstrap token for this launch, recorded in status **before** its Secret is created, so
+/// a crash in between can never orphan a token (S27). A resumed launch (S20) keeps the recorded
+/// ID but mints a new secret half and replaces the Secret: the controller may create and delete
+/// token Secrets, never read them (`get` on kube-system Secrets would let a stolen controller
+/// identity read any of them).
 async fn token<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
 ) -> Result<Secret, ClusterError> {
@@ -469,21 +471,7 @@ async fn token<C: Cluster, T: Transport>(
         .as_ref()
         .and_then(|s| s.bootstrap_token_id.clone());
     let id = match recorded {
-        Some(id) => {
-            let existing: Option<KubeSecret> = state
-                .ctx
-                .cluster
-                .get(Some(TOKEN_NAMESPACE), &token_secret_name(&id))
-                .await?;
-            let secret_half = existing.and_then(|s| s.data).and_then(|d| {
-                d.get("token-secret")
-                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            });
-            if let Some(half) = secret_half {
-                return Ok(Secret::new(format!("{id}.{half}")));
-            }
-            id
-        }
+        Some(id) => id,
         None => {
             let id = random_token_part(state, 6);
             write(state, ProbeStamp::Keep, |s| {
@@ -497,38 +485,15 @@ async fn token<C: Cluster, T: Transport>(
     let expires = state.ctx.clock.now()
         + jiff::SignedDuration::try_from(state.ctx.config.token_ttl)
             .unwrap_or(jiff::SignedDuration::from_hours(1));
-    let data = |v: &str| ByteString(v.as_bytes().to_vec());
-    let secret = KubeSecret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(token_secret_name(&id)),
-            namespace: Some(TOKEN_NAMESPACE.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_string(),
-                "kpssh".to_string(),
-            )])),
-            ..Default::default()
-        },
-        type_: Some("bootstrap.kubernetes.io/token".into()),
-        data: Some(BTreeMap::from([
-            ("token-id".to_string(), data(&id)),
-            ("token-secret".to_string(), data(&half)),
-            (
-                "expiration".to_string(),
-                data(&expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
-            ),
-            ("usage-bootstrap-authentication".to_string(), data("true")),
-            ("usage-bootstrap-signing".to_string(), data("true")),
-            ("auth-extra-groups".to_string(), data(BOOTSTRAP_GROUP)),
-            (
-                "description".to_string(),
-                data(&format!("kpssh join of {}", state.key())),
-            ),
-        ])),
-        ..Default::default()
-    };
+    let secret = token_secret(
+        &id,
+        &half,
+        expires,
+        &format!("kpssh join of {}", state.key()),
+    );
     match state.ctx.cluster.create(&secret).await {
         Ok(_) => {}
-        // A previous attempt created it but crashed before reading it back: replace it.
+        // A previous attempt (before a restart, or a retry) created it: replace it.
         Err(ClusterError::AlreadyExists { .. }) => {
             state
                 .ctx
@@ -540,6 +505,43 @@ async fn token<C: Cluster, T: Transport>(
         Err(e) => return Err(e),
     }
     Ok(Secret::new(format!("{id}.{half}")))
+}
+
+/// The `kube-system/bootstrap-token-<id>` Secret of a token `<id>.<secret>`: group
+/// [`BOOTSTRAP_GROUP`], label `app.kubernetes.io/managed-by: kpssh` (the chart's admission
+/// policy lets the controller create exactly this shape and delete only Secrets so labelled).
+pub fn token_secret(
+    id: &str,
+    secret: &str,
+    expires: jiff::Timestamp,
+    description: &str,
+) -> KubeSecret {
+    let data = |v: &str| ByteString(v.as_bytes().to_vec());
+    KubeSecret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(token_secret_name(id)),
+            namespace: Some(TOKEN_NAMESPACE.into()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "kpssh".to_string(),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("bootstrap.kubernetes.io/token".into()),
+        data: Some(BTreeMap::from([
+            ("token-id".to_string(), data(id)),
+            ("token-secret".to_string(), data(secret)),
+            (
+                "expiration".to_string(),
+                data(&expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            ),
+            ("usage-bootstrap-authentication".to_string(), data("true")),
+            ("usage-bootstrap-signing".to_string(), data("true")),
+            ("auth-extra-groups".to_string(), data(BOOTSTRAP_GROUP)),
+            ("description".to_string(), data(description)),
+        ])),
+        ..Default::default()
+    }
 }
 
 fn random_token_part<C: Cluster, T: Transport>(state: &HostActorState<C, T>, len: usize) -> String {

@@ -54,15 +54,17 @@ impl PhaseFailure {
 /// The end of a failed script's output, redacted before it is cut (S35, S64): stderr, where
 /// scripts under `set -e` and package managers put the cause, else stdout.
 pub fn output_tail(redactor: &crate::profile::redact::Redactor, out: &CommandOutput) -> String {
-    let stream = if out.stderr.iter().any(|b| !b.is_ascii_whitespace()) {
-        &out.stderr
+    let (stream, dropped) = if out.stderr.iter().any(|b| !b.is_ascii_whitespace()) {
+        (&out.stderr, out.stderr_dropped)
     } else {
-        &out.stdout
+        (&out.stdout, out.stdout_dropped)
     };
-    let tail = redactor.tail_bytes(stream, OUTPUT_TAIL);
+    // tail_output: the stream may have lost its beginning to the transport's cap, so a
+    // secret cut at that edge is redacted too (#23).
+    let tail = redactor.tail_output(stream, dropped, OUTPUT_TAIL);
     let tail = tail.trim();
     // Start on a line of its own when the cut fell inside one.
-    let cut = stream.len() > OUTPUT_TAIL;
+    let cut = dropped > 0 || stream.len() > OUTPUT_TAIL;
     match (cut, tail.find('\n')) {
         (true, Some(i)) if i + 1 < tail.len() => format!("…\n{}", &tail[i + 1..]),
         (true, _) => format!("…{tail}"),
