@@ -2,6 +2,7 @@
 //! simulated hosts and a simulated scheduler, on tokio's paused clock.
 
 mod acceptance;
+mod adopt;
 mod consolidation;
 mod disruption;
 mod drain_order;

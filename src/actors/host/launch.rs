@@ -173,7 +173,7 @@ async fn install_and_join<C: Cluster, T: Transport>(
     if !warm && !still_wanted(state, plan).await? {
         return Ok(false);
     }
-    super::registration::leave_stale_kubelet(state, &target, &plan.ctx.node_name).await?;
+    super::registration::leave_stale_kubelet(state, &target, &plan.claim).await?;
     let token = token(state).await.map_err(api_failure)?;
     let mut ctx = plan.ctx.clone();
     ctx.bootstrap_token = Some(token);

@@ -5,6 +5,7 @@
 pub mod backoff;
 pub mod failure;
 pub mod launch;
+pub mod node_identity;
 pub mod phases;
 pub mod probe;
 pub mod probe_clock;
