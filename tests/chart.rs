@@ -382,7 +382,7 @@ fn rbac_is_least_privilege() {
     let pool = role_in("fleet");
     assert_eq!(
         pool["rules"],
-        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
+        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}])
     );
     let tokens = role_in("kube-system");
     assert_eq!(tokens["rules"].as_array().map(Vec::len), Some(1));
