@@ -3,6 +3,7 @@
 
 mod acceptance;
 mod disruption;
+mod explain;
 mod lifecycle;
 mod metrics;
 mod provisioning;
