@@ -272,3 +272,66 @@ async fn s63_a_class_whose_launches_fail_the_same_way_pauses() {
         .await;
     assert!(ok, "the pause runs out");
 }
+
+#[tokio::test(start_paused = true)]
+async fn s63_s64_a_join_without_a_node_waits_visibly_then_backs_off() {
+    let w = super::world().await;
+    let mut sim = SimHost::new("10.43.0.1", 2, 4_000_000);
+    sim.registers = false;
+    w.add_host("h", "small", sim).await.expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    claim(&w, "silent").await;
+    // S64: while the Node is awaited the NodeClaim says so, with its deadline.
+    let ok = w
+        .until(MINUTE, || async {
+            let nc: Option<NodeClaim> = w.cluster.get(None, "silent").await.expect("get");
+            nc.and_then(|n| n.status).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Registered" && c.reason == "AwaitingNode")
+            })
+        })
+        .await;
+    assert!(ok, "Registered=Unknown AwaitingNode");
+    let nc: NodeClaim = w
+        .cluster
+        .get(None, "silent")
+        .await
+        .expect("get")
+        .expect("nc");
+    let created = nc.metadata.creation_timestamp.clone().expect("created").0;
+    let cond = nc
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Registered")
+        .expect("condition");
+    assert_eq!(cond.status, "Unknown");
+    let deadline = (created + jiff::SignedDuration::from_mins(15))
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    assert!(cond.message.contains(&deadline), "{}", cond.message);
+    assert!(cond.message.contains("kpssh://"), "{}", cond.message);
+    // The karpenter layer is not running in this world: give the NodeClaim up as it would
+    // after the registration timeout.
+    tokio::time::sleep(15 * MINUTE).await;
+    w.cluster
+        .delete::<NodeClaim>(None, "silent", None)
+        .await
+        .expect("delete");
+    let ok = w
+        .until(2 * MINUTE, || async {
+            w.host("h").await.is_some_and(|h| {
+                h.status
+                    .as_ref()
+                    .and_then(|s| s.last_launch_failure.as_ref())
+                    .is_some_and(|f| f.phase == "registration" && f.reason == "RegistrationTimeout")
+            })
+        })
+        .await;
+    let h = w.host("h").await.expect("host");
+    assert!(ok, "registration failure recorded: {:?}", h.status);
+    assert_eq!(backoff_of(&h).0, 1, "{:?}", h.status);
+    assert!(h.claim().is_none(), "released");
+}

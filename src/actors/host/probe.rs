@@ -200,7 +200,11 @@ async fn record_success<C: Cluster, T: Transport>(
         !zombie && facts_recorded(s, report, generation) && !stamp_due(s, stamp, &state.ctx.clock)
     });
     if !unchanged {
+        let was = state.state();
         write(state, stamp, |s| apply_facts(s, report, generation, zombie)).await?;
+        if was != state.state() {
+            tracing::info!(host = %state.key(), from = was.as_str(), to = state.state().as_str(), "probe succeeded");
+        }
     }
     // Capacity and generation as they were: the drift verdict is the one already known.
     if !unchanged || state.drift_reported.is_none() {
@@ -312,6 +316,9 @@ async fn record_failure<C: Cluster, T: Transport>(
         }
     })
     .await?;
+    if was != state.state() {
+        tracing::info!(host = %state.key(), from = was.as_str(), to = state.state().as_str(), error = %message, "probe failed");
+    }
     if was != HostState::Unhealthy && state.state() == HostState::Unhealthy {
         state
             .event(EventType::Warning, events::PROBE_FAILED, message)
