@@ -168,7 +168,7 @@ fn defaults_render_a_hardened_elected_controller() {
             names.push(name);
         }
     }
-    assert_eq!(names.len(), 12, "{names:?}");
+    assert_eq!(names.len(), 13, "{names:?}");
     let value = |name: &str| {
         env.iter()
             .find(|e| e["name"] == name)
@@ -176,6 +176,8 @@ fn defaults_render_a_hardened_elected_controller() {
             .unwrap_or_else(|| panic!("no {name}"))
     };
     assert_eq!(value("KPSSH_LEADER_ELECT"), "true");
+    // S43: node repair is off unless enabled, as upstream's NodeRepair feature gate.
+    assert_eq!(value("KPSSH_NODE_REPAIR"), "false");
     assert_eq!(value("KPSSH_LEADER_ELECTION_NAMESPACE"), "kpssh-system");
     assert_eq!(value("KPSSH_LEADER_ELECTION_ID"), "kpssh-controller");
     // The Lease holder identity starts with the pod's name.

@@ -330,7 +330,14 @@ async fn resolve<C: Cluster, T: Transport>(
     dry.bootstrap_token = Some(Secret::new("abcdef.0123456789abcdef"));
     let now = state.ctx.clock.now();
     for phase in [Phase::Install, Phase::Join, Phase::Leave] {
-        plan(&state.host, &profile, phase, &dry, now)?;
+        plan(
+            &state.host,
+            &profile,
+            phase,
+            &dry,
+            now,
+            state.ctx.config.verified,
+        )?;
     }
     Ok(Some(Plan {
         claim: nodeclaim,

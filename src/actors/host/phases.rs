@@ -7,6 +7,7 @@ use crate::profile::phase::{
     ExecMode as RenderMode, Phase, PhaseContext, ProfileSource, Scripts, Timeouts, raw_plan,
     render_phase,
 };
+use crate::profile::verified::VerifiedPolicy;
 use crate::ssh::{CommandOutput, HostTarget, RemoteCommand, Transport};
 use crate::telemetry::lifecycle::millis;
 use tracing::Instrument;
@@ -105,6 +106,7 @@ pub fn plan(
     phase: Phase,
     ctx: &PhaseContext,
     now: jiff::Timestamp,
+    policy: VerifiedPolicy,
 ) -> Result<(RemoteCommand, crate::profile::redact::Redactor), PhaseFailure> {
     let mode = match host.spec.exec_mode {
         ExecMode::Raw => RenderMode::Raw,
@@ -120,7 +122,7 @@ pub fn plan(
                 .map_err(|e| PhaseFailure::config(e.to_string()))?;
             RemoteCommand::new(plan.command, rendered.timeout).with_stdin(plan.stdin)
         }
-        ExecMode::Verified => super::verified::command(host, profile, &rendered, now)?,
+        ExecMode::Verified => super::verified::command(host, profile, &rendered, now, policy)?,
     };
     Ok((cmd, redactor))
 }
@@ -166,7 +168,14 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
     ctx: &PhaseContext,
 ) -> Result<(), PhaseFailure> {
     let span = tracing::Span::current();
-    let (cmd, redactor) = plan(&state.host, profile, phase, ctx, state.ctx.clock.now())?;
+    let (cmd, redactor) = plan(
+        &state.host,
+        profile,
+        phase,
+        ctx,
+        state.ctx.clock.now(),
+        state.ctx.config.verified,
+    )?;
     let waiting = tokio::time::Instant::now();
     let limits = &state.ctx.limits;
     // Under a launch's slot only the dial rate is waited for; counting that as a phase wait
