@@ -335,3 +335,65 @@ async fn s63_s64_a_join_without_a_node_waits_visibly_then_backs_off() {
     assert_eq!(backoff_of(&h).0, 1, "{:?}", h.status);
     assert!(h.claim().is_none(), "released");
 }
+
+/// `kpssh probe --host`: the annotation makes the actor probe now (probe interval 2 min) and
+/// stamp lastProbeTime; the command reports the outcome. A key Secret edit probes at once too.
+#[tokio::test(start_paused = true)]
+async fn s63_a_probe_can_be_asked_for_and_a_secret_edit_probes_at_once() {
+    let w = super::world().await;
+    w.add_host("h", "small", SimHost::new("10.44.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let sessions = w.transport.host("10.44.0.1").expect("sim").sessions;
+    let now = w.ctx.clock.now();
+    let out =
+        kpssh::cli::probe_request::request(&w.cluster, &w.ns(), "h", Duration::from_secs(5), now)
+            .await
+            .expect("request");
+    assert!(out.healthy, "{out:?}");
+    assert_eq!(out.text, format!("SSHHost {}/h: Available", w.ns()));
+    assert!(
+        w.transport.host("10.44.0.1").expect("sim").sessions > sessions,
+        "probed over SSH now, not at the next interval"
+    );
+    // The host is unreachable now: the asked-for probe says so.
+    w.transport
+        .with("10.44.0.1", |h| h.reachable = false)
+        .expect("sim");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = w.ctx.clock.now();
+    let out =
+        kpssh::cli::probe_request::request(&w.cluster, &w.ns(), "h", Duration::from_secs(5), now)
+            .await
+            .expect("request");
+    assert!(!out.healthy);
+    assert!(out.text.contains("probe error:"), "{}", out.text);
+    // Reachable again, and the key Secret edited: probed at once (no 2-minute wait).
+    w.transport
+        .with("10.44.0.1", |h| h.reachable = true)
+        .expect("sim");
+    let h = w.host("h").await.expect("host");
+    let patch = json!({"metadata": {"annotations": {"rotated": "1"}}});
+    let _: k8s_openapi::api::core::v1::Secret = w
+        .cluster
+        .patch(Some(&w.ns()), &h.spec.ssh_key_secret_ref.name, &patch)
+        .await
+        .expect("edit secret");
+    let h = wait_state(&w, "h", HostState::Available, Duration::from_secs(5)).await;
+    assert!(h.status.and_then(|s| s.last_probe_error).is_none());
+    let missing = kpssh::cli::probe_request::request(
+        &w.cluster,
+        &w.ns(),
+        "nope",
+        Duration::from_secs(1),
+        now,
+    )
+    .await;
+    let err = missing.expect_err("no such host").to_string();
+    assert!(
+        err.contains("SSHHost") && err.contains("not found"),
+        "{err}"
+    );
+}

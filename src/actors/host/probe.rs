@@ -36,6 +36,9 @@ pub async fn run<C: Cluster, T: Transport>(
     );
     let started = tokio::time::Instant::now();
     let result = probe_once(state).instrument(span.clone()).await;
+    if result.is_ok() {
+        state.stamp_next_probe = false;
+    }
     span.record("duration_ms", millis(started));
     span.record(
         "outcome",
@@ -234,9 +237,13 @@ async fn record_success<C: Cluster, T: Transport>(
 }
 
 fn state_stamp<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> ProbeStamp {
-    ProbeStamp::Probed {
-        refresh: state.ctx.config.probe_refresh,
-    }
+    // A probe someone asked for is stamped, so that they see it ran.
+    let refresh = if state.stamp_next_probe {
+        std::time::Duration::ZERO
+    } else {
+        state.ctx.config.probe_refresh
+    };
+    ProbeStamp::Probed { refresh }
 }
 
 /// The status a successful probe implies (pure; unit-tested).
