@@ -993,6 +993,7 @@ fn full_exposition() -> String {
         PhaseLabels, ReasonLabels, StageLabels,
     };
     let m = Metrics::new();
+    m.launch_failed("small", "install");
     let view = HostView::default();
     view.upsert(kpssh::sim::world::host_object(
         "pool",
@@ -1121,8 +1122,8 @@ fn alerts_use_only_metrics_the_controller_exposes() {
     let exprs = alert_exprs(&objs);
     assert_eq!(
         exprs.len(),
-        4,
-        "unhealthy, zombies, join failures, no claimable host"
+        7,
+        "unhealthy, zombies, launch failure rate, launches failing, backing off, flapping, no claimable host"
     );
     check_references("the PrometheusRule", &exprs);
 }
