@@ -221,7 +221,8 @@ struct DemandCurve {
     cpu: String,
     memory: String,
     steady: u32,
-    diurnal: Option<(u32, f64)>,
+    /// Amplitude, peak hour, period in hours.
+    diurnal: Option<(u32, f64, f64)>,
     bursts: Vec<(Duration, Duration, u32)>,
     csv: Option<Vec<(Duration, u32)>>,
 }
@@ -251,7 +252,11 @@ impl DemandCurve {
                     .map_err(|e| format!("demand csv {}: {e}", p.display()))?;
                 Some(parse_csv(&text)?)
             }
-            None => None,
+            None => d.series.as_ref().map(|rows| {
+                rows.iter()
+                    .map(|(minute, n)| (Duration::from_secs(u64::from(*minute) * 60), *n))
+                    .collect()
+            }),
         };
         Ok(DemandCurve {
             class: d.class.clone().unwrap_or_else(|| default_class.to_string()),
@@ -259,7 +264,10 @@ impl DemandCurve {
             cpu: d.cpu.clone(),
             memory: d.memory.clone(),
             steady: d.steady,
-            diurnal: d.diurnal.as_ref().map(|x| (x.amplitude, x.peak_hour)),
+            diurnal: d
+                .diurnal
+                .as_ref()
+                .map(|x| (x.amplitude, x.peak_hour, x.period_hours)),
             bursts,
             csv,
         })
@@ -274,9 +282,9 @@ impl DemandCurve {
                 .map_or(0, |(_, n)| *n);
         }
         let mut n = f64::from(self.steady);
-        if let Some((amp, peak)) = self.diurnal {
+        if let Some((amp, peak, period)) = self.diurnal {
             let hour = t.as_secs_f64() / 3600.0;
-            let phase = 2.0 * std::f64::consts::PI * (hour - peak) / 24.0;
+            let phase = 2.0 * std::f64::consts::PI * (hour - peak) / period;
             n += f64::from(amp) * (1.0 + phase.cos()) / 2.0;
         }
         for (from, to, size) in &self.bursts {
@@ -773,23 +781,26 @@ impl Runner<'_> {
             .collect()
     }
 
-    /// Create and delete pods so that each NodePool of pod demand has its desired count.
+    /// Create and delete pods so that each entry of pod demand (a Deployment of one pod
+    /// shape, for one NodePool) has its desired count.
     async fn drive_pods(&mut self, now: Duration, curves: &[DemandCurve]) {
         let Some(mut w) = self.workload.take() else {
             return;
         };
-        let mut desired: BTreeMap<&str, (u32, &DemandCurve)> = BTreeMap::new();
-        for c in curves {
-            if let Some(pool) = &c.pool {
-                desired.entry(pool.as_str()).or_insert((0, c)).0 += c.at(now);
-            }
-        }
         let cluster = self.cluster();
         self.suspend(true);
-        for (pool, (want, curve)) in desired {
+        for (i, curve) in curves.iter().enumerate() {
+            let Some(pool) = &curve.pool else { continue };
             let requests = (curve.cpu.as_str(), curve.memory.as_str());
+            let group = format!("d{i}");
             let lines = w
-                .follow(&cluster, &mut self.rng, pool, want, requests)
+                .follow(
+                    &cluster,
+                    &mut self.rng,
+                    (pool, &group),
+                    curve.at(now),
+                    requests,
+                )
                 .await;
             for l in lines {
                 self.line(now, l);
