@@ -72,6 +72,8 @@ struct Host {
     dir: tempfile::TempDir,
     key: Key,
     rogue: Key,
+    /// Pass the shim's explicit v1 opt-in (`--allow-v1`).
+    allow_v1: bool,
 }
 
 impl Host {
@@ -84,7 +86,20 @@ impl Host {
         for d in ["tmp", "state", "out"] {
             std::fs::create_dir(dir.path().join(d)).expect("mkdir");
         }
-        Host { dir, key, rogue }
+        Host {
+            dir,
+            key,
+            rogue,
+            allow_v1: false,
+        }
+    }
+
+    /// A host whose shim also accepts v1 envelopes (the explicit opt-in, `--allow-v1`).
+    fn v1() -> Self {
+        Host {
+            allow_v1: true,
+            ..Host::new()
+        }
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -105,6 +120,7 @@ impl Host {
             .arg(self.path("allowed_signers"))
             .arg("--state-dir")
             .arg(self.path("state"))
+            .args(self.allow_v1.then_some("--allow-v1"))
             .env("SSH_ORIGINAL_COMMAND", original)
             .env("TMPDIR", self.path("tmp"))
             .stdin(Stdio::piped())
@@ -259,7 +275,7 @@ fn controller_verifies_ssh_keygen_signatures_for_every_key_type() {
 fn sha1_rsa_signatures_are_refused_by_controller_and_shim() {
     use signature::Signer as _;
     use ssh_key::{HashAlg, LineEnding, PrivateKey, SshSig};
-    let host = Host::new();
+    let host = Host::v1();
     let rsa = keygen(host.dir.path(), "rsa", "rsa", Some("2048"));
     let private = PrivateKey::read_openssh_file(&rsa.private).expect("read key");
     let keypair = private.key_data().rsa().expect("rsa");
@@ -330,7 +346,7 @@ fn probe_prints_the_shared_contract() {
 
 #[test]
 fn signed_v1_script_runs_with_clean_environment_and_leaves_no_temp_files() {
-    let host = Host::new();
+    let host = Host::v1();
     let sig = sign(&host.key, SCRIPT.as_bytes());
     let mut params = host.params();
     params
@@ -375,7 +391,7 @@ fn signed_v2_script_runs() {
 
 #[test]
 fn tampered_rogue_and_unsigned_scripts_never_run() {
-    let host = Host::new();
+    let host = Host::v1();
     let sig = sign(&host.key, SCRIPT.as_bytes());
     let tampered = format!("{SCRIPT}touch /tmp/owned\n");
     let rogue_sig = sign(&host.rogue, SCRIPT.as_bytes());
@@ -408,7 +424,7 @@ fn tampered_rogue_and_unsigned_scripts_never_run() {
 
 #[test]
 fn bad_parameters_are_refused_before_anything_runs() {
-    let host = Host::new();
+    let host = Host::v1();
     let sig = sign(&host.key, SCRIPT.as_bytes());
     let base = host.params_text();
     for extra in [
@@ -446,7 +462,7 @@ fn bad_parameters_are_refused_before_anything_runs() {
 
 #[test]
 fn phases_are_checked() {
-    let host = Host::new();
+    let host = Host::v1();
     let sig = sign(&host.key, SCRIPT.as_bytes());
     let p = host.params_text();
     let unknown = host.shim(
@@ -487,7 +503,7 @@ fn phases_are_checked() {
 
 #[test]
 fn v2_binds_phase_version_and_expiry() {
-    let host = Host::new();
+    let host = Host::v1();
     let exp = future();
     // A leave script, its manifest signature, replayed with the header rewritten to join:
     // the manifest no longer matches.
@@ -560,7 +576,7 @@ fn v2_binds_phase_version_and_expiry() {
 
 #[test]
 fn failing_script_maps_to_10_and_reports_its_status() {
-    let host = Host::new();
+    let host = Host::v1();
     let script = "#!/usr/bin/env bash\nset -euo pipefail\nexit 7\n";
     let sig = sign(&host.key, script.as_bytes());
     let out = host.shim(
@@ -574,7 +590,7 @@ fn failing_script_maps_to_10_and_reports_its_status() {
 
 #[test]
 fn sigterm_stops_the_script_and_removes_temp_files() {
-    let host = Host::new();
+    let host = Host::v1();
     let script = "#!/usr/bin/env bash\nset -euo pipefail\necho started > \"$KPSSH_OUT\"\nsleep 30\necho finished >> \"$KPSSH_OUT\"\n";
     let sig = sign(&host.key, script.as_bytes());
     let env = raw_v1("join", &host.params_text(), Some(&sig), script.as_bytes());
@@ -617,7 +633,8 @@ fn sigterm_stops_the_script_and_removes_temp_files() {
 
 #[test]
 fn prepared_runs_are_accepted_by_the_shim() {
-    let host = Host::new();
+    // The shim allows v1 here, so that what the controller chooses is what runs.
+    let host = Host::v1();
     let trusted = TrustedSigners::parse(&[host.key.public.as_str()]).expect("trusted");
     let exp = future();
     let profile: ProfileRef = "tls-bootstrap@1".parse().expect("profile");
@@ -626,17 +643,22 @@ fn prepared_runs_are_accepted_by_the_shim() {
         manifest_v2(Phase::Join, &profile, SCRIPT.as_bytes(), &exp).as_bytes(),
     );
     let v1_sig = sign(&host.key, SCRIPT.as_bytes());
-    for sigs in [
-        PhaseSignatures {
-            v1: Some(v1_sig.clone()),
-            v2: None,
-        },
-        PhaseSignatures {
-            v1: Some(v1_sig.clone()),
-            v2: Some((exp.to_string(), v2_sig.clone())),
-        },
+    let both = PhaseSignatures {
+        v1: Some(v1_sig.clone()),
+        v2: Some((exp.to_string(), v2_sig.clone())),
+    };
+    let v1_only = PhaseSignatures {
+        v1: Some(v1_sig.clone()),
+        v2: None,
+    };
+    // (signatures, the controller's --allow-v1-signatures, the envelope version it must send)
+    for (sigs, allow_v1, version) in [
+        (both.clone(), false, 2),
+        // v2 wins even where v1 is allowed.
+        (both.clone(), true, 2),
+        // v1 only with the explicit opt-in.
+        (v1_only.clone(), true, 1),
     ] {
-        let want_v2 = sigs.v2.is_some();
         let run = prepare(
             &trusted,
             PhaseRequest {
@@ -646,16 +668,48 @@ fn prepared_runs_are_accepted_by_the_shim() {
                 signatures: sigs,
                 params: host.params(),
                 shim_command: "/opt/kpssh/kpssh-shim",
+                allow_v1,
             },
             jiff::Timestamp::now(),
         )
         .expect("prepare");
-        assert_eq!(run.version, if want_v2 { 2 } else { 1 });
+        assert_eq!(run.version, version, "allow_v1 {allow_v1}");
         let out = host.shim(&run.command, &run.stdin);
         assert_eq!(code(&out), 0, "{}: {}", run.command, stderr(&out));
+        assert_eq!(
+            stderr(&out).contains("warning: running a v1 envelope"),
+            version == 1,
+            "the shim warns about v1 runs only: {}",
+            stderr(&out)
+        );
         assert!(host.ran());
         std::fs::remove_file(host.out()).expect("rm");
     }
+    // Without the opt-in, a phase with only a v1 signature is refused before any connection,
+    // naming the fix; and an expired v2 signature never falls back to a valid v1 one.
+    let request = |sigs, allow_v1| PhaseRequest {
+        phase: Phase::Join,
+        profile: profile.clone(),
+        script: SCRIPT,
+        signatures: sigs,
+        params: host.params(),
+        shim_command: "/opt/kpssh/kpssh-shim",
+        allow_v1,
+    };
+    let err = prepare(&trusted, request(v1_only, false), jiff::Timestamp::now())
+        .expect_err("v1 without the opt-in");
+    assert!(matches!(err, EnvelopeError::V1Refused(_)), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("join of tls-bootstrap@1")
+            && text.contains("kpssh sign")
+            && text.contains("--allow-v1-signatures"),
+        "{text}"
+    );
+    assert_eq!(err.exit_code(), exit::EXPIRED);
+    let much_later = exp.timestamp() + jiff::SignedDuration::from_secs(1);
+    let err = prepare(&trusted, request(both, true), much_later).expect_err("expired v2");
+    assert!(matches!(err, EnvelopeError::Expired(_)), "{err}");
     // E8: unsigned or rogue-signed profiles are refused before any connection.
     let rogue_trusted = TrustedSigners::parse(&[host.rogue.public.as_str()]).expect("trusted");
     let req = |sigs| PhaseRequest {
@@ -665,6 +719,7 @@ fn prepared_runs_are_accepted_by_the_shim() {
         signatures: sigs,
         params: host.params(),
         shim_command: "/opt/kpssh/kpssh-shim",
+        allow_v1: true,
     };
     let err = prepare(
         &trusted,
@@ -716,6 +771,8 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
     let rc = run(SignArgs {
         key: host.key.private.clone(),
         expires: "1h".into(),
+        expires_at: None,
+        v1: false,
         out: Some(output.clone()),
         ssh_keygen: "ssh-keygen".into(),
         profile: input.clone(),
@@ -734,7 +791,8 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
     assert_eq!(doc["spec"]["timeouts"]["join"].as_str(), Some("5m"));
     let join = doc["spec"]["scripts"]["join"].as_str().expect("join");
     assert_eq!(join, SCRIPT);
-    assert!(doc["spec"]["signatures"]["uninstall"].is_null());
+    // v2 only by default: no v1 signature is written.
+    assert!(doc["spec"]["signatures"].is_null(), "{:?}", doc["spec"]);
     let trusted = TrustedSigners::parse(&[host.key.public.as_str()]).expect("trusted");
     let expires = doc["spec"]["signaturesV2"]["expires"]
         .as_str()
@@ -745,8 +803,6 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
     assert!(exp.timestamp() < now + jiff::SignedDuration::from_mins(65));
     for phase in ["install", "join", "leave"] {
         let script = doc["spec"]["scripts"][phase].as_str().expect("script");
-        let v1 = doc["spec"]["signatures"][phase].as_str().expect("v1");
-        trusted.verify(v1, script.as_bytes()).expect("v1 verifies");
         let v2 = doc["spec"]["signaturesV2"][phase].as_str().expect("v2");
         let manifest = manifest_v2(
             phase.parse().expect("phase"),
@@ -780,6 +836,7 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
             },
             params: host.params(),
             shim_command: "kpssh-shim",
+            allow_v1: false,
         },
         now,
     )
@@ -788,6 +845,49 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(host.ran());
 
+    // --v1 adds v1 signatures (and --expires-at fixes the v2 expiry); signing again without
+    // --v1 removes them, so a stale v1 signature cannot be replayed later.
+    let rc = run(SignArgs {
+        key: host.key.private.clone(),
+        expires: "1h".into(),
+        expires_at: Some("2031-02-03T04:05:06Z".into()),
+        v1: true,
+        out: None,
+        ssh_keygen: "ssh-keygen".into(),
+        profile: output.clone(),
+    })
+    .expect("sign --v1");
+    assert_eq!(rc, 0);
+    let with_v1: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&output).expect("out")).expect("yaml");
+    assert_eq!(
+        with_v1["spec"]["signaturesV2"]["expires"].as_str(),
+        Some("2031-02-03T04:05:06Z")
+    );
+    for phase in ["install", "join", "leave"] {
+        let script = with_v1["spec"]["scripts"][phase].as_str().expect("script");
+        let v1 = with_v1["spec"]["signatures"][phase].as_str().expect("v1");
+        trusted.verify(v1, script.as_bytes()).expect("v1 verifies");
+    }
+    let rc = run(SignArgs {
+        key: host.key.private.clone(),
+        expires: "1h".into(),
+        expires_at: None,
+        v1: false,
+        out: None,
+        ssh_keygen: "ssh-keygen".into(),
+        profile: output.clone(),
+    })
+    .expect("sign again");
+    assert_eq!(rc, 0);
+    let resigned: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&output).expect("out")).expect("yaml");
+    assert!(
+        resigned["spec"]["signatures"].is_null(),
+        "{:?}",
+        resigned["spec"]
+    );
+
     // Templated scripts are refused, and the file is left alone.
     let templated = yaml.replace("true\n    join", "echo {{ .Vars.x }}\n    join");
     assert_ne!(templated, yaml);
@@ -795,6 +895,8 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
     let err = run(SignArgs {
         key: host.key.private.clone(),
         expires: "720h".into(),
+        expires_at: None,
+        v1: false,
         out: None,
         ssh_keygen: "ssh-keygen".into(),
         profile: input.clone(),
@@ -925,6 +1027,23 @@ fn through_sshd_force_command() {
     assert_eq!(code(&out), exit::SIGNATURE, "{}", stderr(&out));
     assert!(!host.ran());
 
+    // v2 by default: a valid v1 envelope is refused by a shim without --allow-v1 (exit 6),
+    // before anything runs.
+    let v1 = raw_v1(
+        "join",
+        &host.params_text(),
+        Some(&sign(&host.key, SCRIPT.as_bytes())),
+        SCRIPT.as_bytes(),
+    );
+    let out = ssh(&sshd, "/opt/kpssh/kpssh-shim run join", &v1);
+    assert_eq!(code(&out), exit::EXPIRED, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("v1 envelopes are refused"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!host.ran());
+
     // E6: verified join then leave, built by the controller-side code.
     let trusted = TrustedSigners::parse(&[host.key.public.as_str()]).expect("trusted");
     for phase in [Phase::Join, Phase::Leave] {
@@ -944,6 +1063,7 @@ fn through_sshd_force_command() {
                 },
                 params: host.params(),
                 shim_command: "/opt/kpssh/kpssh-shim",
+                allow_v1: false,
             },
             jiff::Timestamp::now(),
         )
@@ -959,55 +1079,60 @@ fn through_sshd_force_command() {
     assert!(host.tmp_is_empty());
 }
 
-/// FIDO (`sk-…@openssh.com`) signatures, made in software from ssh-keygen keys the way an
-/// authenticator would make them: both the controller and the shim's `ssh-keygen -Y verify`
-/// accept them with the user-presence flag and refuse them without.
-#[test]
-fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
+/// A FIDO (`sk-…@openssh.com`) signature over `msg` with the given flags byte, made in software
+/// from an ssh-keygen key (ed25519 or ECDSA P-256) the way an authenticator would make it, for
+/// the FIDO application `app`. Returns the armored signature and the FIDO public key line.
+fn fido_signature(app: &str, flags: u8, key: &ssh_key::PrivateKey, msg: &[u8]) -> (String, String) {
     use sha2::Digest as _;
     use signature::Signer as _;
     use ssh_key::public::{EcdsaPublicKey, KeyData, SkEcdsaSha2NistP256, SkEd25519};
-    use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, PublicKey, Signature, SshSig};
+    use ssh_key::{Algorithm, HashAlg, LineEnding, PublicKey, Signature, SshSig};
 
-    let host = Host::new();
-    let app = "ssh:";
-    let msg = SCRIPT.as_bytes();
     let signed = SshSig::signed_data("kpssh", HashAlg::Sha512, msg).expect("signed data");
-    let make = |flags: u8, key: &PrivateKey| -> (String, String) {
-        let trailer = [flags, 0, 0, 0, 42];
-        let mut to_sign = sha2::Sha256::digest(app.as_bytes()).to_vec();
-        to_sign.extend(trailer);
-        to_sign.extend(sha2::Sha256::digest(&signed));
-        let (public, algorithm, mut data) = if let Some(kp) = key.key_data().ed25519() {
-            let raw: Signature = kp.try_sign(&to_sign).expect("sign");
-            (
-                KeyData::SkEd25519(SkEd25519::new(kp.public, app)),
-                Algorithm::SkEd25519,
-                raw.as_bytes().to_vec(),
-            )
-        } else {
-            let kp = key.key_data().ecdsa().expect("ecdsa");
-            let raw: Signature = kp.try_sign(&to_sign).expect("sign");
-            let Some(EcdsaPublicKey::NistP256(point)) = key.public_key().key_data().ecdsa() else {
-                panic!("p256 expected");
-            };
-            (
-                KeyData::SkEcdsaSha2NistP256(SkEcdsaSha2NistP256::new(*point, app)),
-                Algorithm::SkEcdsaSha2NistP256,
-                raw.as_bytes().to_vec(),
-            )
-        };
-        data.extend(trailer);
-        let sig = Signature::new(algorithm, data).expect("sig");
-        let armored = SshSig::new(public.clone(), "kpssh", HashAlg::Sha512, sig)
-            .expect("sshsig")
-            .to_pem(LineEnding::LF)
-            .expect("pem");
+    let trailer = [flags, 0, 0, 0, 42];
+    let mut to_sign = sha2::Sha256::digest(app.as_bytes()).to_vec();
+    to_sign.extend(trailer);
+    to_sign.extend(sha2::Sha256::digest(&signed));
+    let (public, algorithm, mut data) = if let Some(kp) = key.key_data().ed25519() {
+        let raw: Signature = kp.try_sign(&to_sign).expect("sign");
         (
-            armored,
-            PublicKey::from(public).to_openssh().expect("openssh"),
+            KeyData::SkEd25519(SkEd25519::new(kp.public, app)),
+            Algorithm::SkEd25519,
+            raw.as_bytes().to_vec(),
+        )
+    } else {
+        let kp = key.key_data().ecdsa().expect("ecdsa");
+        let raw: Signature = kp.try_sign(&to_sign).expect("sign");
+        let Some(EcdsaPublicKey::NistP256(point)) = key.public_key().key_data().ecdsa() else {
+            panic!("p256 expected");
+        };
+        (
+            KeyData::SkEcdsaSha2NistP256(SkEcdsaSha2NistP256::new(*point, app)),
+            Algorithm::SkEcdsaSha2NistP256,
+            raw.as_bytes().to_vec(),
         )
     };
+    data.extend(trailer);
+    let sig = Signature::new(algorithm, data).expect("sig");
+    let armored = SshSig::new(public.clone(), "kpssh", HashAlg::Sha512, sig)
+        .expect("sshsig")
+        .to_pem(LineEnding::LF)
+        .expect("pem");
+    (
+        armored,
+        PublicKey::from(public).to_openssh().expect("openssh"),
+    )
+}
+
+/// FIDO (`sk-…@openssh.com`) signatures: both the controller and the shim's `ssh-keygen -Y
+/// verify` accept them with the user-presence flag and refuse them without.
+#[test]
+fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
+    use ssh_key::PrivateKey;
+
+    let host = Host::v1();
+    let app = "ssh:";
+    let msg = SCRIPT.as_bytes();
     for (name, kind, bits, alg) in [
         ("sked", "ed25519", None, "sk-ssh-ed25519@openssh.com"),
         (
@@ -1019,8 +1144,8 @@ fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
     ] {
         let k = keygen(host.dir.path(), name, kind, bits);
         let private = PrivateKey::read_openssh_file(&k.private).expect("read");
-        let (touched, public) = make(0x01, &private);
-        let (untouched, _) = make(0x00, &private);
+        let (touched, public) = fido_signature(app, 0x01, &private, msg);
+        let (untouched, _) = fido_signature(app, 0x00, &private, msg);
         let trusted = TrustedSigners::parse(&[public.as_str()]).expect("trusted");
         assert_eq!(trusted.verify(&touched, msg).expect(name).algorithm, alg);
         assert_eq!(
@@ -1045,10 +1170,70 @@ fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
     }
 }
 
+/// The shim reads the FIDO flags from the armored block that `ssh-keygen -Y verify` checked,
+/// and nothing else: text after `-----END SSH SIGNATURE-----` (which ssh-keygen ignores) must
+/// not turn a signature made without user presence into one that looks touched. Before the fix
+/// the shim decoded every line not starting with `-----`, so an appended base64 line became the
+/// blob's last five bytes.
+#[test]
+fn text_after_the_armor_does_not_change_the_fido_flags_read() {
+    use ssh_key::PrivateKey;
+
+    let host = Host::v1();
+    let msg = SCRIPT.as_bytes();
+    let k = keygen(host.dir.path(), "sked", "ed25519", None);
+    let private = PrivateKey::read_openssh_file(&k.private).expect("read");
+    // An application whose blob needs no base64 padding, so that appended base64 continues the
+    // decoded bytes instead of failing after a `=`.
+    let (untouched, public) = ["ssh:", "ssh:a", "ssh:ab"]
+        .into_iter()
+        .map(|app| fido_signature(app, 0x00, &private, msg))
+        .find(|(armored, _)| !armored.contains('='))
+        .expect("one application length needs no padding");
+    let line = allowed_signers_line(&public).expect("line");
+    std::fs::write(host.path("allowed_signers"), format!("{line}\n")).expect("write");
+    // Six bytes whose last five are a "user present" trailer: flags 0x01, counter 42.
+    let forged = format!("{untouched}{}\n", B64.encode([0u8, 1, 0, 0, 0, 42]));
+    // ssh-keygen itself accepts the appended text (it stops at the END line) ...
+    let verify = {
+        let sig = host.path("forged.sig");
+        std::fs::write(&sig, &forged).expect("sig");
+        let mut child = Command::new("ssh-keygen")
+            .args(["-Y", "verify", "-n", "kpssh", "-I", "kpssh", "-f"])
+            .arg(host.path("allowed_signers"))
+            .arg("-s")
+            .arg(&sig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ssh-keygen");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(msg)
+            .expect("msg");
+        child.wait_with_output().expect("wait")
+    };
+    assert!(verify.status.success(), "ssh-keygen: {verify:?}");
+    // ... and the shim still sees the untouched flags.
+    let p = host.params_text();
+    let out = host.shim("run join", &raw_v1("join", &p, Some(&forged), msg));
+    assert_eq!(code(&out), exit::SIGNATURE, "{}", stderr(&out));
+    assert!(stderr(&out).contains("user presence"), "{}", stderr(&out));
+    assert!(!host.ran());
+    // A signature that does not start with the armor is refused as such.
+    let prefixed = format!("junk\n{untouched}");
+    let out = host.shim("run join", &raw_v1("join", &p, Some(&prefixed), msg));
+    assert_eq!(code(&out), exit::SIGNATURE, "{}", stderr(&out));
+    assert!(!host.ran());
+}
+
 /// Without ForceCommand (no `SSH_ORIGINAL_COMMAND`) the command comes from the arguments.
 #[test]
 fn direct_invocation_takes_the_command_from_arguments() {
-    let host = Host::new();
+    let host = Host::v1();
     let sig = sign(&host.key, SCRIPT.as_bytes());
     let env = raw_v1("join", &host.params_text(), Some(&sig), SCRIPT.as_bytes());
     for (args, want) in [

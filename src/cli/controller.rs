@@ -41,6 +41,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "KPSSH_SPLIT_MIXED_ARCH", default_value_t = false, action = ArgAction::Set,
           num_args = 0..=1, default_missing_value = "true")]
     pub split_mixed_arch: bool,
+    /// Node repair (as Karpenter's NodeRepair feature gate, off by default): a NodeClaim whose
+    /// Node has been Ready=False or Unknown for 30 minutes is replaced, unless more than 20% of
+    /// its NodePool's nodes are unhealthy.
+    #[arg(long, env = "KPSSH_NODE_REPAIR", default_value_t = false, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub node_repair: bool,
     /// Cap on pooled SSH connections (least recently used idle ones are closed first).
     #[arg(long, env = "KPSSH_MAX_SSH_CONNECTIONS", default_value_t = 4096)]
     pub max_ssh_connections: usize,
@@ -67,6 +73,12 @@ pub struct ControllerArgs {
         default_value = "kpssh-controller"
     )]
     pub leader_election_id: String,
+    /// Verified hosts: run a phase whose profile has no v2 signature with its v1 signature
+    /// (binds neither phase, profile version nor expiry: someone who can edit profiles can
+    /// replay any v1-signed script as any phase). Off by default; each such run logs a warning.
+    #[arg(long, env = "KPSSH_ALLOW_V1_SIGNATURES", default_value_t = false, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub allow_v1_signatures: bool,
 }
 
 /// Go-style durations as the CRDs use them: `^([0-9]+(s|m|h))+$`.
@@ -137,8 +149,17 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
         ssh_dials_per_second: args.ssh_dials_per_second,
         max_concurrent_claims: args.max_concurrent_claims.max(1),
         split_mixed_arch: args.split_mixed_arch,
+        verified: crate::profile::verified::VerifiedPolicy {
+            allow_v1: args.allow_v1_signatures,
+        },
         ..Config::default()
     };
+    if args.allow_v1_signatures {
+        tracing::warn!(
+            "--allow-v1-signatures: Verified hosts may run v1-signed scripts, which are not bound \
+             to phase, profile version or expiry"
+        );
+    }
     let transport = RusshTransport::new(TransportConfig {
         max_connections: args.max_ssh_connections,
         ..TransportConfig::default()
@@ -202,7 +223,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     };
     let started = async {
         let controller: Controller = spawn_controller(&ctx).await?;
-        let karpenter = crate::karpenter::spawn(&ctx).await?;
+        let config = crate::karpenter::KarpenterConfig {
+            node_repair: args.node_repair,
+            ..crate::karpenter::KarpenterConfig::for_actors(&ctx.config)
+        };
+        let karpenter = crate::karpenter::spawn_with(&ctx, config).await?;
         anyhow::Ok((controller, karpenter))
     };
     let (controller, mut karpenter) = tokio::select! {

@@ -12,6 +12,7 @@ use crate::actors::host::phases::plan;
 use crate::api::host::SecretRef;
 use crate::api::{ExecMode, SSHHost, SSHHostSpec, SSHJoinProfile};
 use crate::profile::phase::{Phase, PhaseContext};
+use crate::profile::verified::VerifiedPolicy;
 use crate::secret::Secret;
 use crate::ssh::{RusshTransport, Transport, TransportConfig};
 
@@ -49,6 +50,10 @@ pub struct PhaseArgs {
     pub trusted_signers: Vec<String>,
     #[arg(long, default_value = "/opt/kpssh/kpssh-shim")]
     pub shim_command: String,
+    /// Verified: use the profile's v1 signature when the phase has no v2 one (downgradable;
+    /// the controller's --allow-v1-signatures).
+    #[arg(long)]
+    pub allow_v1: bool,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -91,7 +96,10 @@ pub async fn run(args: PhaseArgs) -> anyhow::Result<i32> {
         ..PhaseContext::default()
     };
     let phase = phase(&args.phase)?;
-    let (mut cmd, redactor) = plan(&host, &profile, phase, &ctx, jiff::Timestamp::now())
+    let policy = VerifiedPolicy {
+        allow_v1: args.allow_v1,
+    };
+    let (mut cmd, redactor) = plan(&host, &profile, phase, &ctx, jiff::Timestamp::now(), policy)
         .map_err(|f| anyhow::anyhow!(f.message))?;
     if let Some(t) = args.timeout {
         cmd.timeout = t;

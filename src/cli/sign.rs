@@ -1,10 +1,13 @@
 //! `kpssh sign --key KEY profile.yaml`: sign every phase script of an `SSHJoinProfile` for
 //! verified execution.
 //!
-//! Each script is signed twice with the real `ssh-keygen -Y sign -n kpssh -f KEY`:
-//! - v1, over the script bytes, into `spec.signatures.<phase>`;
+//! Each script is signed with the real `ssh-keygen -Y sign -n kpssh -f KEY`, v2 only by default:
 //! - v2, over the manifest binding phase, `<name>@<version>`, the script's SHA-256 and an expiry,
-//!   into `spec.signaturesV2.<phase>` next to `spec.signaturesV2.expires`.
+//!   into `spec.signaturesV2.<phase>` next to `spec.signaturesV2.expires`;
+//! - v1, over the script bytes, into `spec.signatures.<phase>`, only with `--v1` (for hosts whose
+//!   shim is too old for v2; a v1 signature binds neither phase, version nor expiry). Without
+//!   `--v1`, v1 signatures already in the document are removed, so an old one can no longer be
+//!   replayed once hosts allow v1.
 //!
 //! `KEY` may be a private key file, or a public key file whose private half is held by the
 //! running `ssh-agent` (ssh-keygen then asks the agent). The document is edited as a generic YAML
@@ -29,6 +32,13 @@ pub struct SignArgs {
     /// Validity of the v2 signatures from now, as a duration like 720h, 90m or 1h30m.
     #[arg(long, default_value = "720h")]
     pub expires: String,
+    /// Expiry of the v2 signatures as a time (`2026-12-31T00:00:00Z`); overrides `--expires`.
+    #[arg(long)]
+    pub expires_at: Option<String>,
+    /// Also write v1 signatures (`spec.signatures`): downgradable, for shims run with
+    /// `--allow-v1` only. Prints a warning.
+    #[arg(long)]
+    pub v1: bool,
     /// Write the signed profile here instead of rewriting the input file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -43,15 +53,28 @@ pub struct SignArgs {
 pub fn run(args: SignArgs) -> anyhow::Result<i32> {
     let text = std::fs::read_to_string(&args.profile)
         .with_context(|| format!("reading {}", args.profile.display()))?;
-    let validity = parse_duration(&args.expires)?;
-    let now = jiff::Timestamp::now();
-    let expires_at = now
-        .checked_add(jiff::SignedDuration::from_secs(validity))
-        .map_err(|e| anyhow!("--expires {} is out of range: {e}", args.expires))?;
-    let expires = Expires::from_timestamp(expires_at)?;
+    let expires = match &args.expires_at {
+        Some(at) => at
+            .parse::<Expires>()
+            .map_err(|e| anyhow!("--expires-at {at:?}: {e}"))?,
+        None => {
+            let validity = parse_duration(&args.expires)?;
+            let expires_at = jiff::Timestamp::now()
+                .checked_add(jiff::SignedDuration::from_secs(validity))
+                .map_err(|e| anyhow!("--expires {} is out of range: {e}", args.expires))?;
+            Expires::from_timestamp(expires_at)?
+        }
+    };
+    if args.v1 {
+        eprintln!(
+            "warning: --v1 also writes v1 signatures, which bind neither phase, profile version \
+             nor expiry; hosts accept them only with kpssh-shim --allow-v1 and the controller \
+             only with --allow-v1-signatures"
+        );
+    }
     let mut doc: Value = serde_yaml::from_str(&text)
         .with_context(|| format!("parsing {} as YAML", args.profile.display()))?;
-    let summary = sign_document(&mut doc, &expires, &mut |msg| {
+    let summary = sign_document(&mut doc, &expires, args.v1, &mut |msg| {
         ssh_keygen_sign(&args.ssh_keygen, &args.key, msg)
     })?;
     let out_text = serde_yaml::to_string(&doc).context("serialising the signed profile")?;
@@ -83,10 +106,12 @@ pub struct SignSummary {
 }
 
 /// Sign every phase script of the `SSHJoinProfile` in `doc` with `sign` (which returns an armored
-/// SSHSIG over the bytes it is given) and store the v1 and v2 signatures in the document.
+/// SSHSIG over the bytes it is given) and store the v2 signatures in the document; the v1 ones
+/// too when `with_v1`, else any v1 signature of a phase is removed.
 pub fn sign_document(
     doc: &mut Value,
     expires: &Expires,
+    with_v1: bool,
     sign: &mut dyn FnMut(&[u8]) -> anyhow::Result<String>,
 ) -> anyhow::Result<SignSummary> {
     if let Some(kind) = doc.get("kind")
@@ -143,7 +168,11 @@ pub fn sign_document(
     let mut signer: Option<(String, String)> = None;
     for (phase, script) in &found {
         let manifest = manifest_v2(*phase, &profile, script.as_bytes(), expires);
-        for (message, map) in [(script.as_bytes(), &mut v1), (manifest.as_bytes(), &mut v2)] {
+        let mut messages = vec![(manifest.as_bytes(), &mut v2)];
+        if with_v1 {
+            messages.push((script.as_bytes(), &mut v1));
+        }
+        for (message, map) in messages {
             let armored = sign(message)?;
             let who = check_own_signature(&armored, message)
                 .with_context(|| format!("checking the signature ssh-keygen made for {phase}"))?;
@@ -157,7 +186,8 @@ pub fn sign_document(
         }
     }
 
-    // v1: keep unrelated keys under spec.signatures, replace/remove the per-phase ones.
+    // v1: keep unrelated keys under spec.signatures, replace/remove the per-phase ones; drop
+    // the field when nothing is left in it.
     let signatures = spec
         .entry("signatures".into())
         .or_insert_with(|| Value::Mapping(Mapping::new()));
@@ -175,6 +205,9 @@ pub fn sign_document(
                 }
             }
         }
+    }
+    if signatures.as_mapping().is_some_and(Mapping::is_empty) {
+        spec.remove("signatures");
     }
     spec.insert("signaturesV2".into(), Value::Mapping(v2));
 
@@ -314,16 +347,16 @@ mod tests {
             "kind: SSHJoinProfile\nmetadata: {name: p}\nspec:\n  scripts:\n    install: x\n    join: 'echo {{ .Vars.a }}'\n    leave: y\n",
         )
         .expect("yaml");
-        let err = sign_document(&mut doc, &exp, &mut never).expect_err("template");
+        let err = sign_document(&mut doc, &exp, false, &mut never).expect_err("template");
         assert!(err.to_string().contains("template"), "{err}");
         let mut doc: Value =
             serde_yaml::from_str("kind: SSHHost\nmetadata: {name: p}\nspec: {}\n").expect("yaml");
-        assert!(sign_document(&mut doc, &exp, &mut never).is_err());
+        assert!(sign_document(&mut doc, &exp, false, &mut never).is_err());
         let mut doc: Value = serde_yaml::from_str(
             "kind: SSHJoinProfile\nmetadata: {name: p}\nspec:\n  scripts:\n    install: x\n    leave: y\n",
         )
         .expect("yaml");
-        let err = sign_document(&mut doc, &exp, &mut never).expect_err("join missing");
+        let err = sign_document(&mut doc, &exp, false, &mut never).expect_err("join missing");
         assert!(err.to_string().contains("join"), "{err}");
     }
 }

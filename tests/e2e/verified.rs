@@ -82,19 +82,16 @@ pub async fn e7(sc: &mut Sc) -> Result<(), String> {
     let name = format!("e2e-{}", sc.id);
     let dir = profile_dir(sc);
     let mut good = sign(&profile(&name, &sc.world.base), signer, &dir);
-    let mut rogue_copy = profile(&name, &sc.world.base);
-    rogue_copy.metadata.name = Some(format!("{name}-rogue"));
-    let bad = sign(&rogue_copy, rogue, &dir);
-    // v1 signatures only (a v2 manifest names the signer's expiry): install and leave by the
-    // real signer, join by the rogue key.
+    // The same profile (name, version, scripts and v2 expiry) signed by the rogue key: install
+    // and leave keep the real signer's v2 signatures, join gets the rogue's.
+    let bad = sign(&profile(&name, &sc.world.base), rogue, &dir);
     let rogue_join = bad
         .spec
-        .signatures
+        .signatures_v2
         .and_then(|s| s.join)
         .ok_or("no rogue join signature")?;
-    let sigs = good.spec.signatures.as_mut().ok_or("no v1 signatures")?;
+    let sigs = good.spec.signatures_v2.as_mut().ok_or("no v2 signatures")?;
     sigs.join = Some(rogue_join);
-    good.spec.signatures_v2 = None;
     sc.class_and_profile(good).await;
     sc.nodepool("Never").await;
     sc.wait("host Available", Duration::from_secs(90), || async {

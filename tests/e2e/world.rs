@@ -671,8 +671,16 @@ pub fn profile(name: &str, base: &Path) -> SSHJoinProfile {
     )
 }
 
-/// `kpssh sign` (the real binary and `ssh-keygen`) over `profile` with `key`.
+/// `kpssh sign` (the real binary and `ssh-keygen`) over `profile` with `key`. Every profile of
+/// the run gets the same v2 expiry (30 days after the first signing), so that signatures of
+/// two keys over one profile can be mixed (E7).
 pub fn sign(profile: &SSHJoinProfile, key: &KeyPair, dir: &Path) -> SSHJoinProfile {
+    static EXPIRES: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let expires = EXPIRES.get_or_init(|| {
+        (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(30 * 24))
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    });
     let name = profile.metadata.name.clone().unwrap_or_default();
     let input = dir.join(format!("{name}.yaml"));
     let output = dir.join(format!("{name}.signed.yaml"));
@@ -683,6 +691,7 @@ pub fn sign(profile: &SSHJoinProfile, key: &KeyPair, dir: &Path) -> SSHJoinProfi
         .arg(&key.private_path)
         .arg("--out")
         .arg(&output)
+        .args(["--expires-at", expires])
         .arg(&input)
         .output()
         .expect("run kpssh sign");

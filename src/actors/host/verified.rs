@@ -6,7 +6,8 @@ use super::phases::PhaseFailure;
 use crate::api::{SSHHost, SSHJoinProfile};
 use crate::profile::phase::{Phase as RenderPhase, RenderedPhase};
 use crate::profile::verified::{
-    Params, Phase, PhaseRequest, PhaseSignatures, ProfileRef, TrustedSigners, exit, prepare,
+    Params, Phase, PhaseRequest, PhaseSignatures, ProfileRef, TrustedSigners, VerifiedPolicy, exit,
+    prepare,
 };
 use crate::ssh::RemoteCommand;
 
@@ -16,6 +17,7 @@ pub fn command(
     profile: &SSHJoinProfile,
     rendered: &RenderedPhase,
     now: jiff::Timestamp,
+    policy: VerifiedPolicy,
 ) -> Result<RemoteCommand, PhaseFailure> {
     let host_name = host.metadata.name.clone().unwrap_or_default();
     let refuse = |why: String| {
@@ -45,8 +47,19 @@ pub fn command(
         signatures: signatures(profile, rendered.phase),
         params,
         shim_command: &host.spec.shim_command,
+        allow_v1: policy.allow_v1,
     };
     let run = prepare(&trusted, request, now).map_err(|e| refuse(e.to_string()))?;
+    if run.version == 1 {
+        // Allowed only by the explicit flag; say so every time, it is a downgrade.
+        tracing::warn!(
+            host = %host_name,
+            profile = %profile_name,
+            phase = %phase,
+            "running a v1-signed script (not bound to phase, profile version or expiry) because \
+             --allow-v1-signatures is set"
+        );
+    }
     // The shim parses the command line itself: send it unchanged.
     Ok(RemoteCommand::verbatim(run.command, rendered.timeout).with_stdin(run.stdin))
 }

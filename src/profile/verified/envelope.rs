@@ -108,6 +108,9 @@ pub enum EnvelopeError {
     /// The v2 envelope is for another profile or version than requested (shim exit 6).
     #[error("replay refused: {0}")]
     Replay(String),
+    /// Only a v1 signature exists and v1 was not explicitly allowed (shim exit 6).
+    #[error("v1 signature refused: {0}")]
+    V1Refused(String),
 }
 
 impl EnvelopeError {
@@ -118,7 +121,9 @@ impl EnvelopeError {
             EnvelopeError::Param(_) => exit::PARAMETER,
             EnvelopeError::Phase(_) => exit::PHASE,
             EnvelopeError::Signature(_) => exit::SIGNATURE,
-            EnvelopeError::Expired(_) | EnvelopeError::Replay(_) => exit::EXPIRED,
+            EnvelopeError::Expired(_) | EnvelopeError::Replay(_) | EnvelopeError::V1Refused(_) => {
+                exit::EXPIRED
+            }
         }
     }
 }

@@ -29,7 +29,8 @@ pub mod exit {
     pub const ENVELOPE: i32 = 4;
     /// Unknown phase, or not the phase that was requested.
     pub const PHASE: i32 = 5;
-    /// v2: expired, for another profile/version than requested, or an older version replayed.
+    /// v2: expired, for another profile/version than requested, or an older version replayed;
+    /// also a v1 envelope on a shim without `--allow-v1`.
     pub const EXPIRED: i32 = 6;
     /// The signed script ran and exited non-zero (its own code is printed on stderr).
     pub const SCRIPT_FAILED: i32 = 10;
@@ -43,11 +44,19 @@ pub mod exit {
             PARAMETER => "parameter refused",
             ENVELOPE => "malformed envelope",
             PHASE => "phase refused",
-            EXPIRED => "signature expired or replayed",
+            EXPIRED => "signature expired, replayed or v1 refused",
             SCRIPT_FAILED => "signed script failed",
             _ => "unexpected exit code",
         }
     }
+}
+
+/// The controller's Verified-mode settings that are not part of any object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerifiedPolicy {
+    /// Run a phase that has no v2 signature with its v1 signature (`--allow-v1-signatures`).
+    /// Off by default: v1 is downgradable (see [`PhaseRequest::allow_v1`]).
+    pub allow_v1: bool,
 }
 
 /// Signatures of one phase as stored on an `SSHJoinProfile`.
@@ -75,6 +84,10 @@ pub struct PhaseRequest<'a> {
     pub params: Params,
     /// The host's `spec.shimCommand`.
     pub shim_command: &'a str,
+    /// Whether a phase without a v2 signature may run with its v1 signature (the controller's
+    /// explicit `--allow-v1-signatures`). Off, such a phase is refused: v1 binds neither
+    /// phase, profile version nor expiry.
+    pub allow_v1: bool,
 }
 
 /// What to send: run `command` over SSH and write `stdin` to it.
@@ -91,8 +104,10 @@ pub struct PreparedRun {
 }
 
 /// Verify a phase's signature against the host's trusted signers and build the shim invocation.
-/// Uses v2 (phase/profile/expiry-bound) when the profile carries v2 signatures, v1 otherwise;
-/// refuses unsigned and templated scripts. Nothing here touches the network.
+/// Uses v2 (phase/profile/expiry-bound) when the profile carries a v2 signature for the phase;
+/// v1 only when [`PhaseRequest::allow_v1`] says so, and never when a v2 signature exists (an
+/// expired or bad v2 signature is an error, not a reason to fall back). Refuses unsigned and
+/// templated scripts. Nothing here touches the network.
 pub fn prepare(
     trusted: &TrustedSigners,
     req: PhaseRequest<'_>,
@@ -117,9 +132,19 @@ pub fn prepare(
             )?;
             (env, Some(req.profile))
         }
-        None => {
+        None if req.allow_v1 => {
             let sig = req.signatures.v1.unwrap_or_default();
             (Envelope::v1(req.phase, req.params, &sig, script)?, None)
+        }
+        None if req.signatures.v1.is_none() => return Err(SigError::Missing.into()),
+        None => {
+            return Err(EnvelopeError::V1Refused(format!(
+                "{} of {} has only a v1 signature (spec.signatures.{}), which binds neither the \
+                 phase, the profile version nor an expiry: re-sign the profile with `kpssh sign` \
+                 (writes spec.signaturesV2), or start the controller with \
+                 --allow-v1-signatures to accept v1",
+                req.phase, req.profile, req.phase
+            )));
         }
     };
     let signer = env.verify(trusted, now)?;

@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::lifecycle::condition_true;
-use super::provisioning::pack::{capacity_with_node, pool_usage, within_limits};
-use super::provisioning::{
+use super::super::KarpenterError;
+use super::super::lifecycle::condition_true;
+use super::super::provisioning::pack::{capacity_with_node, pool_usage, within_limits};
+use super::super::provisioning::{
     NewClaim, PoolOffer, build_claim, claim_name, claim_type, unheld_per_type,
 };
-use super::scheduling::{PodInfo, SimNode, sort_pods};
-use super::state::{ClusterState, Inner};
-use super::{KarpenterError, pods};
+use super::super::scheduling::{PodInfo, SimNode};
+use super::super::state::{ClusterState, Inner};
 use crate::actors::Context;
 use crate::actors::events;
 use crate::actors::router::instance_types::instance_types;
@@ -60,8 +60,8 @@ pub fn awaits_pods(st: &Inner, nc: &NodeClaim) -> bool {
 pub enum Progress {
     /// The replacement is Initialized: the old claim may be disrupted now.
     Ready(String),
-    /// Still launching.
-    Waiting,
+    /// Still launching: the replacement's name and creation time.
+    Waiting(String, Option<jiff::Timestamp>),
     /// The replacement is gone or being deleted: the exchange is off.
     Abandoned,
 }
@@ -71,7 +71,10 @@ pub fn progress(st: &Inner, old: &NodeClaim) -> Option<Progress> {
     Some(match st.nodeclaims.get(name) {
         Some(r) if r.metadata.deletion_timestamp.is_some() => Progress::Abandoned,
         Some(r) if condition_true(r, "Initialized") => Progress::Ready(name.to_string()),
-        Some(_) => Progress::Waiting,
+        Some(r) => Progress::Waiting(
+            name.to_string(),
+            r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        ),
         None => Progress::Abandoned,
     })
 }
@@ -122,15 +125,19 @@ impl Replacer {
         }
     }
 
-    /// One node of the cheapest instance type with a claimable host that takes every pod `node`
-    /// would have to give up; `cheaper` asks for a type cheaper than the claim's own.
+    /// One node of the cheapest instance type with a claimable host that takes every pod the
+    /// claim's node would have to give up (`moving`, largest first); `cheaper` asks for a type
+    /// cheaper than the claim's own. None also when a pod has a constraint this layer cannot
+    /// check (it keeps its node).
     pub fn node_for(
         &self,
-        st: &Inner,
         claim: &NodeClaim,
-        node: &str,
+        moving: &[PodInfo],
         cheaper: bool,
     ) -> Option<NewClaim> {
+        if moving.is_empty() || moving.iter().any(|p| p.unsupported.is_some()) {
+            return None;
+        }
         let current = claim_type(claim).unwrap_or_default();
         let price = match self.offer.types.iter().find(|t| t.name == current) {
             Some(t) => t.price,
@@ -148,15 +155,6 @@ impl Replacer {
         if choices.is_empty() {
             return None;
         }
-        let mut moving: Vec<PodInfo> = st
-            .pods_on(node)
-            .filter(|p| pods::is_reschedulable(p))
-            .map(PodInfo::new)
-            .collect();
-        if moving.is_empty() {
-            return None;
-        }
-        sort_pods(&mut moving);
         choices.sort_by(|a, b| {
             a.it.price
                 .total_cmp(&b.it.price)
@@ -169,7 +167,7 @@ impl Replacer {
                 allocatable: c.avail.clone(),
                 ..Default::default()
             };
-            for p in &moving {
+            for p in moving {
                 if !sim.fits(p) {
                     return None;
                 }
@@ -193,6 +191,7 @@ impl Replacer {
 /// replacement's name, or None when `old` changed meanwhile (nothing was left behind).
 pub async fn launch<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
+    state: &ClusterState,
     pool: &NodePool,
     old: &NodeClaim,
     new: &NewClaim,
@@ -208,6 +207,7 @@ pub async fn launch<C: Cluster, T: Transport>(
         .insert(REPLACEMENT_FOR_ANNOTATION.into(), old_name.clone());
     let created = ctx.cluster.create(&claim).await?;
     let name = created.metadata.name.clone().unwrap_or_default();
+    state.observe_claim(created);
     let patch = json!({"metadata": {
         "resourceVersion": old.metadata.resource_version,
         "annotations": {REPLACED_BY_ANNOTATION: name, REPLACEMENT_REASON_ANNOTATION: why},
@@ -217,7 +217,8 @@ pub async fn launch<C: Cluster, T: Transport>(
         .patch::<NodeClaim>(None, &old_name, &patch)
         .await
     {
-        Ok(_) => {}
+        // Seen at once, so that no later round takes the old claim's cordon for a stale one.
+        Ok(nc) => state.observe_claim(nc),
         Err(e) if e.is_conflict() || e.is_not_found() => {
             // The old claim moved on; the replacement is not needed.
             ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
@@ -247,7 +248,8 @@ pub async fn launch<C: Cluster, T: Transport>(
     Ok(Some(name))
 }
 
-/// Drop the `replaced-by` mark of a claim whose replacement went away.
+/// Drop the `replaced-by` mark of a claim whose exchange is off (its Node must be un-cordoned
+/// first: without the mark, nothing would do it).
 pub async fn abandon<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     old: &NodeClaim,
