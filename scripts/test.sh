@@ -18,6 +18,13 @@ KPSSH_HELM=$(scripts/helm.sh | tail -n 1)
 export KPSSH_HELM
 echo "helm: $KPSSH_HELM" >&2
 
+step "reference oracles (built once from tests/oracle, cached under ~/.cache/kpssh)"
+# Go programs computing the reference answers of tests/oracles/ (S60, S61); run-tests.sh runs
+# that test binary with the others.
+KPSSH_ORACLE=$(scripts/oracle.sh | tail -n 1)
+export KPSSH_ORACLE
+echo "oracle: $KPSSH_ORACLE" >&2
+
 step "lint: rustfmt, clippy, shellcheck"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

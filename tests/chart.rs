@@ -159,7 +159,7 @@ fn defaults_render_a_hardened_elected_controller() {
             names.push(name);
         }
     }
-    assert_eq!(names.len(), 12, "{names:?}");
+    assert_eq!(names.len(), 13, "{names:?}");
     let value = |name: &str| {
         env.iter()
             .find(|e| e["name"] == name)
@@ -167,6 +167,8 @@ fn defaults_render_a_hardened_elected_controller() {
             .unwrap_or_else(|| panic!("no {name}"))
     };
     assert_eq!(value("KPSSH_LEADER_ELECT"), "true");
+    // S43: node repair is off unless enabled, as upstream's NodeRepair feature gate.
+    assert_eq!(value("KPSSH_NODE_REPAIR"), "false");
     assert_eq!(value("KPSSH_LEADER_ELECTION_NAMESPACE"), "kpssh-system");
     assert_eq!(value("KPSSH_LEADER_ELECTION_ID"), "kpssh-controller");
     // The Lease holder identity starts with the pod's name.
@@ -315,7 +317,7 @@ fn rbac_is_least_privilege() {
     let pool = role_in("fleet");
     assert_eq!(
         pool["rules"],
-        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}])
+        json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}])
     );
     // kube-system: create and delete bootstrap tokens, never read a Secret there (#23); the
     // bootstrap-token guard narrows which Secrets (tests/token_guard.rs).

@@ -38,6 +38,10 @@ pub struct Config {
     pub token_ttl: Duration,
     /// Verified mode: whether v1 signatures are accepted (`--allow-v1-signatures`; off).
     pub verified: crate::profile::verified::VerifiedPolicy,
+    /// S63: a host whose launch failed is not claimed for this long, doubled for each further
+    /// consecutive failure up to `launch_backoff_max`.
+    pub launch_backoff_base: Duration,
+    pub launch_backoff_max: Duration,
 }
 
 impl Default for Config {
@@ -59,6 +63,8 @@ impl Default for Config {
             retry_max: Duration::from_secs(300),
             token_ttl: Duration::from_secs(3600),
             verified: crate::profile::verified::VerifiedPolicy::default(),
+            launch_backoff_base: Duration::from_secs(60),
+            launch_backoff_max: Duration::from_secs(3600),
         }
     }
 }

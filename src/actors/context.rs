@@ -32,6 +32,8 @@ pub struct Context<C: Cluster, T: Transport> {
     pub metrics: super::metrics::SharedMetrics,
     /// Open NodeClaim lifecycle traces, shared by router, host actors and karpenter layer.
     pub lifecycles: crate::telemetry::Lifecycles,
+    /// Recent launch outcomes per node class (S63's class-level pause).
+    pub launches: super::launches::LaunchLedger,
     /// Every host actor's next periodic probe.
     pub probe_clock: super::host::probe_clock::ProbeClock,
     /// The one random source (token values, jitter): seeded, so a simulation run replays.
@@ -51,6 +53,7 @@ impl<C: Cluster, T: Transport> Clone for Context<C, T> {
             node_addresses: self.node_addresses.clone(),
             metrics: self.metrics.clone(),
             lifecycles: self.lifecycles.clone(),
+            launches: self.launches.clone(),
             probe_clock: self.probe_clock.clone(),
             rng: self.rng.clone(),
         }
@@ -82,6 +85,7 @@ impl<C: Cluster, T: Transport> Context<C, T> {
             node_addresses: NodeAddressView::default(),
             metrics: Arc::new(super::metrics::Metrics::new()),
             lifecycles: Default::default(),
+            launches: Default::default(),
             probe_clock: Default::default(),
             rng: Arc::new(Mutex::new(rng)),
         }

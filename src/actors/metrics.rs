@@ -57,6 +57,17 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassPhaseLabels {
+    pub class: String,
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodePoolLabels {
     pub nodepool: String,
 }
@@ -96,6 +107,11 @@ pub struct Metrics {
     pub disruption_decisions: Family<ReasonLabels, Counter>,
     pub attached_vcpus: Family<NodePoolLabels, Gauge<f64, AtomicU64>>,
     pub cost_per_hour: Family<NodePoolLabels, Gauge<f64, AtomicU64>>,
+    /// S63: failed launches by host class and phase (install, join, registration,
+    /// configuration, launch).
+    pub launch_failures: Family<ClassPhaseLabels, Counter>,
+    /// S63: hosts whose launch backoff runs now, by class (set at scrape time).
+    pub hosts_backing_off: Family<ClassLabels, Gauge>,
     /// Claim UID → its billing line.
     billing: Mutex<BTreeMap<String, Billing>>,
     /// NodePools ever billed, kept at zero when empty (flat lines, not gaps).
@@ -146,7 +162,19 @@ impl Metrics {
         let disruption_decisions = Family::<ReasonLabels, Counter>::default();
         let attached_vcpus = Family::<NodePoolLabels, Gauge<f64, AtomicU64>>::default();
         let cost_per_hour = Family::<NodePoolLabels, Gauge<f64, AtomicU64>>::default();
+        let launch_failures = Family::<ClassPhaseLabels, Counter>::default();
+        let hosts_backing_off = Family::<ClassLabels, Gauge>::default();
         let mut registry = Registry::with_prefix("kpssh");
+        registry.register(
+            "launch_failures",
+            "Failed launches by host class and phase (install, join, registration, configuration, launch)",
+            launch_failures.clone(),
+        );
+        registry.register(
+            "pool_hosts_backing_off",
+            "SSHHosts not claimed because their launch backoff runs, by class",
+            hosts_backing_off.clone(),
+        );
         registry.register(
             "ssh_connections",
             "Open (pooled) SSH connections",
@@ -230,6 +258,8 @@ impl Metrics {
             disruption_decisions,
             attached_vcpus,
             cost_per_hour,
+            launch_failures,
+            hosts_backing_off,
             billing: Mutex::new(BTreeMap::new()),
             billed_pools: Mutex::new(BTreeSet::new()),
             pending_since: Mutex::new(BTreeMap::new()),
@@ -370,12 +400,19 @@ impl Metrics {
     /// Prometheus text exposition, with the pool gauge recomputed from the host view.
     pub fn encode(&self, hosts: &HostView) -> String {
         self.pool_hosts.clear();
+        self.hosts_backing_off.clear();
         for h in hosts.snapshot() {
             let labels = PoolLabels {
                 state: h.state().as_str().to_string(),
                 class: h.class().to_string(),
             };
             self.pool_hosts.get_or_create(&labels).inc();
+            let backing_off = self.hosts_backing_off.get_or_create(&ClassLabels {
+                class: h.class().to_string(),
+            });
+            if h.backing_off() {
+                backing_off.inc();
+            }
         }
         // Keep zero series for states with no host, so dashboards show flat lines, not gaps.
         let classes: std::collections::BTreeSet<String> = hosts
@@ -397,6 +434,18 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+impl Metrics {
+    /// S63: one failed launch of a host of `class` in `phase`.
+    pub fn launch_failed(&self, class: &str, phase: &str) {
+        self.launch_failures
+            .get_or_create(&ClassPhaseLabels {
+                class: class.to_string(),
+                phase: phase.to_string(),
+            })
+            .inc();
     }
 }
 

@@ -8,6 +8,7 @@ pub mod context;
 pub mod drift;
 pub mod events;
 pub mod host;
+pub mod launches;
 pub mod limits;
 pub mod metrics;
 pub mod nodeclass;

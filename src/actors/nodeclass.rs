@@ -54,6 +54,12 @@ pub struct NodeClassState<C: Cluster, T: Transport> {
     /// The last Ready verdict per class and what it was computed from: counting selected
     /// hosts is the expensive part of a pass, and claims move far more often than the pool.
     readiness: BTreeMap<String, (ReadinessInputs, Readiness)>,
+    /// Launch ledger epoch at the last pass.
+    launches_seen: Option<u64>,
+    /// Some class found no cluster endpoint at the last pass: look again at every resync.
+    awaiting_endpoint: bool,
+    /// Some class was paused at the last pass: the pass after its end makes it Ready again.
+    was_paused: bool,
 }
 
 type Readiness = (bool, &'static str, String);
@@ -64,6 +70,10 @@ struct ReadinessInputs {
     membership: u64,
     class_generation: Option<i64>,
     profile_version: Option<String>,
+    /// Why no cluster endpoint could be found for the class, if none could (S22).
+    endpoint_error: Option<String>,
+    /// The class's launch pause (S63).
+    pause: Option<crate::actors::launches::Pause>,
 }
 
 fn pump<K: Send + 'static>(
@@ -127,6 +137,9 @@ impl<C: Cluster, T: Transport> Actor for NodeClassController<C, T> {
             hosts_seen: None,
             dirty: true,
             readiness: BTreeMap::new(),
+            launches_seen: None,
+            awaiting_endpoint: false,
+            was_paused: false,
         })
     }
 
@@ -156,13 +169,24 @@ impl<C: Cluster, T: Transport> Actor for NodeClassController<C, T> {
                 return Ok(());
             }
             NodeClassMsg::Resync => {
-                // A pass reads every host: skip it when neither the pool nor a claim moved.
-                if !state.dirty && state.hosts_seen == Some(state.ctx.hosts.version()) {
+                // A pass reads every host: skip it when neither the pool nor a claim moved,
+                // no launch was recorded, no pause runs out and no class waits for its
+                // cluster endpoint to be published.
+                let now = state.ctx.clock.now();
+                let quiet = !state.dirty
+                    && state.hosts_seen == Some(state.ctx.hosts.version())
+                    && state.launches_seen == Some(state.ctx.launches.epoch())
+                    && !state.ctx.launches.any_paused(now)
+                    && !state.was_paused
+                    && !state.awaiting_endpoint;
+                if quiet {
                     return Ok(());
                 }
             }
         }
         state.hosts_seen = Some(state.ctx.hosts.version());
+        state.launches_seen = Some(state.ctx.launches.epoch());
+        state.was_paused = state.ctx.launches.any_paused(state.ctx.clock.now());
         // A failed pass is retried at the next resync.
         state.dirty = !reconcile_all(state).await;
         Ok(())
@@ -228,8 +252,25 @@ async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T
     // Read before the snapshot: a change in between makes the next pass count again.
     let membership = state.ctx.hosts.membership_version();
     let mut ok = true;
+    // `kube-public/cluster-info`, read once per pass and only when some class needs it.
+    let needs_cluster_info = state
+        .classes
+        .values()
+        .any(|c| c.spec.cluster.is_none() && c.metadata.deletion_timestamp.is_none());
+    let cluster_info = if needs_cluster_info {
+        Some(cluster_info_endpoint(&state.ctx.cluster).await)
+    } else {
+        None
+    };
+    state.awaiting_endpoint = cluster_info.as_ref().is_some_and(|r| r.is_err());
     for name in names {
-        if let Err(e) = reconcile_class(state, &name, membership).await {
+        let endpoint_error = match (&cluster_info, state.classes.get(&name)) {
+            (Some(Err(why)), Some(c)) if c.spec.cluster.is_none() => Some(format!(
+                "no cluster endpoint for the hosts to join: set spec.cluster (endpoint and caBundle) on SSHNodeClass {name}, or publish kube-public/cluster-info ({why})"
+            )),
+            _ => None,
+        };
+        if let Err(e) = reconcile_class(state, &name, membership, endpoint_error).await {
             tracing::warn!(nodeclass = %name, error = %e, "node class not reconciled");
             ok = false;
         }
@@ -241,11 +282,41 @@ async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T
     ok
 }
 
+/// Whether `kube-public/cluster-info` names an API server (S22), else why not.
+async fn cluster_info_endpoint<C: Cluster>(cluster: &C) -> Result<(), String> {
+    let cm: Option<k8s_openapi::api::core::v1::ConfigMap> = cluster
+        .get(Some("kube-public"), "cluster-info")
+        .await
+        .map_err(|e| format!("reading kube-public/cluster-info: {e}"))?;
+    let kubeconfig = cm
+        .and_then(|c| c.data)
+        .and_then(|d| d.get("kubeconfig").cloned())
+        .ok_or("kube-public/cluster-info does not exist or has no kubeconfig")?;
+    let parsed: serde_yaml::Value = serde_yaml::from_str(&kubeconfig)
+        .map_err(|_| "kube-public/cluster-info's kubeconfig is not YAML")?;
+    parsed["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(|_| ())
+        .ok_or_else(|| "kube-public/cluster-info's kubeconfig names no server".to_string())
+}
+
 /// The Ready condition's (ok, reason, message) for a class (S32).
 pub fn readiness<H: std::borrow::Borrow<crate::api::SSHHost>>(
     class: &SSHNodeClass,
     profile: Option<&SSHJoinProfile>,
     hosts: &[H],
+) -> (bool, &'static str, String) {
+    readiness_with(class, profile, hosts, None, None)
+}
+
+/// [`readiness`], also judging the cluster endpoint (S22) and the launch pause (S63).
+fn readiness_with<H: std::borrow::Borrow<crate::api::SSHHost>>(
+    class: &SSHNodeClass,
+    profile: Option<&SSHJoinProfile>,
+    hosts: &[H],
+    endpoint_error: Option<&str>,
+    pause: Option<&crate::actors::launches::Pause>,
 ) -> (bool, &'static str, String) {
     let profile_name = &class.spec.join_profile_ref.name;
     let Some(profile) = profile else {
@@ -262,6 +333,12 @@ pub fn readiness<H: std::borrow::Borrow<crate::api::SSHHost>>(
         Ok(s) => s,
         Err(e) => return (false, reason::SELECTOR_ERROR, e.to_string()),
     };
+    if let Some(why) = endpoint_error {
+        return (false, reason::NO_CLUSTER_ENDPOINT, why.to_string());
+    }
+    if let Some(p) = pause {
+        return (false, reason::LAUNCHES_FAILING, p.message.clone());
+    }
     let selected = hosts
         .iter()
         .map(|h| h.borrow())
@@ -281,6 +358,7 @@ async fn reconcile_class<C: Cluster, T: Transport>(
     state: &mut NodeClassState<C, T>,
     name: &str,
     membership: u64,
+    endpoint_error: Option<String>,
 ) -> Result<(), ClusterError> {
     let Some(class) = state.classes.get(name).cloned() else {
         return Ok(());
@@ -297,16 +375,33 @@ async fn reconcile_class<C: Cluster, T: Transport>(
         return Ok(());
     }
     let profile = state.profiles.get(&class.spec.join_profile_ref.name);
+    let profile_version = profile.and_then(|p| p.metadata.resource_version.clone());
+    if let Some((seen, _)) = state.readiness.get(name)
+        && (seen.class_generation != class.metadata.generation
+            || seen.profile_version != profile_version)
+    {
+        // An edited class or profile starts with a clean launch record (S63).
+        state.ctx.launches.forget(name);
+    }
+    let pause = state.ctx.launches.paused(name, state.ctx.clock.now());
     let inputs = ReadinessInputs {
         membership,
         class_generation: class.metadata.generation,
-        profile_version: profile.and_then(|p| p.metadata.resource_version.clone()),
+        profile_version,
+        endpoint_error,
+        pause,
     };
     let (ok, why, message) = match state.readiness.get(name) {
         Some((seen, verdict)) if *seen == inputs => verdict.clone(),
         _ => {
             // Only a membership change pays for a look at every host.
-            let verdict = readiness(&class, profile, &state.ctx.hosts.snapshot());
+            let verdict = readiness_with(
+                &class,
+                profile,
+                &state.ctx.hosts.snapshot(),
+                inputs.endpoint_error.as_deref(),
+                inputs.pause.as_ref(),
+            );
             state
                 .readiness
                 .insert(name.to_string(), (inputs, verdict.clone()));
@@ -327,8 +422,32 @@ async fn reconcile_class<C: Cluster, T: Transport>(
     if updated.status != class.status {
         let stored = state.ctx.cluster.replace_status(&updated).await?;
         state.classes.insert(name.to_string(), stored);
+        let before = ready_reason(&class);
+        if !ok && before.as_deref() != Some(why) {
+            // One event per change of reason: a class that stops launching says why.
+            tracing::info!(nodeclass = %name, reason = why, %message, "node class not Ready");
+            crate::actors::events::record(
+                &state.ctx.cluster,
+                &updated,
+                crate::k8s::EventType::Warning,
+                why,
+                message.clone(),
+            )
+            .await;
+        }
     }
     Ok(())
+}
+
+/// The reason of the class's Ready condition, if it has one.
+fn ready_reason(class: &SSHNodeClass) -> Option<String> {
+    class
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.reason.clone())
 }
 
 /// Profiles named by any host's install marker keep a finalizer.

@@ -83,13 +83,15 @@ pub fn stamp_due(old: &SSHHostStatus, stamp: ProbeStamp, clock: &Clock) -> bool 
 /// Whether the stored Ready condition is exactly what [`sync_ready_condition`] would make of
 /// this status (checked without building one).
 pub fn ready_condition_synced(status: &SSHHostStatus, generation: Option<i64>) -> bool {
-    let (cond_status, reason) = status.state.ready_condition();
+    let (cond_status, reason) = ready_of(status);
     let Some(c) = status.conditions.iter().find(|c| c.type_ == "Ready") else {
         return false;
     };
-    let message_ok = match (status.state, &status.last_probe_error) {
-        (HostState::Unhealthy, Some(err)) => c.message == *err,
-        (state, _) => c.message.strip_prefix("host is ") == Some(state.as_str()),
+    // The steady host's message is checked without building it (this runs every probe).
+    let message_ok = match (unhealthy_because(status), backoff_note(status)) {
+        (Some(err), _) => c.message == *err,
+        (None, Some(note)) => c.message == format!("host is {}; {note}", status.state),
+        (None, None) => c.message.strip_prefix("host is ") == Some(status.state.as_str()),
     };
     c.status == cond_status
         && c.reason == reason
@@ -97,13 +99,50 @@ pub fn ready_condition_synced(status: &SSHHostStatus, generation: Option<i64>) -
         && message_ok
 }
 
+/// The Ready condition's (status, reason): the state's, except that a host made Unhealthy by
+/// a failed launch (and not by a probe) says so (S64: a phase failure is not a probe failure).
+fn ready_of(status: &SSHHostStatus) -> (&'static str, &'static str) {
+    let by_state = status.state.ready_condition();
+    match (
+        status.state,
+        &status.last_probe_error,
+        &status.last_launch_failure,
+    ) {
+        (HostState::Unhealthy, None, Some(_)) => ("False", "LaunchFailed"),
+        _ => by_state,
+    }
+}
+
+/// S63: what the Ready message adds while a launch backoff runs.
+fn backoff_note(status: &SSHHostStatus) -> Option<String> {
+    let b = status.launch_backoff.as_ref()?;
+    let until = b.until.as_ref()?;
+    Some(format!(
+        "not claimed before {} after {} failed launch(es)",
+        until.0.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        b.failures
+    ))
+}
+
+/// Why an Unhealthy host is unhealthy: its probe error, else its last launch failure.
+fn unhealthy_because(status: &SSHHostStatus) -> Option<&String> {
+    if status.state != HostState::Unhealthy {
+        return None;
+    }
+    status
+        .last_probe_error
+        .as_ref()
+        .or(status.last_launch_failure.as_ref().map(|f| &f.message))
+}
+
 /// Keep the Ready condition equal to what the state implies; its transition time moves only
 /// when its status does.
 pub fn sync_ready_condition(status: &mut SSHHostStatus, generation: Option<i64>, clock: &Clock) {
-    let (cond_status, reason) = status.state.ready_condition();
-    let message = match (status.state, &status.last_probe_error) {
-        (HostState::Unhealthy, Some(err)) => err.clone(),
-        (state, _) => format!("host is {state}"),
+    let (cond_status, reason) = ready_of(status);
+    let message = match (unhealthy_because(status), backoff_note(status)) {
+        (Some(err), _) => err.clone(),
+        (None, Some(note)) => format!("host is {}; {note}", status.state),
+        (None, None) => format!("host is {}", status.state),
     };
     let existing = status.conditions.iter().position(|c| c.type_ == "Ready");
     let transition = existing

@@ -22,6 +22,13 @@ pub enum SupervisorMsg {
     Node(Box<WatchEvent<Node>>),
     /// Deliver a message to a host's actor (used by the router).
     ToHost(String, HostMsg),
+    /// Secrets in the pool namespace changed (by name; `relisted`: the watch restarted and
+    /// these are all of them). Their hosts re-read the key, probe, and drop a launch backoff
+    /// recorded against an older Secret (S63).
+    Secrets {
+        names: Vec<String>,
+        relisted: bool,
+    },
     /// A watch stream ended or failed; it is restarted by its task.
     WatchError(String),
 }
@@ -70,11 +77,16 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
         let nodes = forward(ctx.cluster.watch::<Node>(None), myself.clone(), |e| {
             SupervisorMsg::Node(Box::new(e))
         });
+        let secrets = forward_secrets(
+            ctx.cluster
+                .watch::<k8s_openapi::api::core::v1::Secret>(Some(&ns)),
+            myself.clone(),
+        );
         Ok(SupervisorState {
             ctx,
             actors: BTreeMap::new(),
             names: BTreeMap::new(),
-            watches: vec![hosts, nodes],
+            watches: vec![hosts, nodes, secrets],
         })
     }
 
@@ -108,6 +120,7 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
                     state.ctx.metrics.mailbox_in("host");
                 }
             }
+            SupervisorMsg::Secrets { names, relisted } => on_secrets(state, &names, relisted),
             SupervisorMsg::WatchError(e) => tracing::warn!(error = %e, "watch error"),
         }
         Ok(())
@@ -150,6 +163,69 @@ fn forward<K: Send + 'static>(
             }
         }
     })
+}
+
+/// Pump the pool namespace's Secret watch into the supervisor as names only: key material
+/// never travels in a message.
+fn forward_secrets(
+    mut stream: crate::k8s::WatchStream<k8s_openapi::api::core::v1::Secret>,
+    to: ActorRef<SupervisorMsg>,
+) -> tokio::task::JoinHandle<()> {
+    let name = |s: &k8s_openapi::api::core::v1::Secret| s.metadata.name.clone();
+    tokio::spawn(async move {
+        while let Some(ev) = stream.next().await {
+            let msg = match ev {
+                Ok(WatchEvent::Applied(s)) => SupervisorMsg::Secrets {
+                    names: name(&s).into_iter().collect(),
+                    relisted: false,
+                },
+                Ok(WatchEvent::Restarted(all)) => SupervisorMsg::Secrets {
+                    names: all.iter().filter_map(name).collect(),
+                    relisted: true,
+                },
+                // A deleted key Secret shows at the next probe (which fails and says so).
+                Ok(WatchEvent::Deleted(_)) => continue,
+                Err(e) => SupervisorMsg::WatchError(e.to_string()),
+            };
+            if to.send_message(msg).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Tell the hosts whose key (or bastion key) Secret changed. After a relist only hosts with
+/// a launch backoff are told: they compare versions; the others have nothing to catch up on
+/// that the next probe would not.
+fn on_secrets<C: Cluster, T: Transport>(
+    state: &SupervisorState<C, T>,
+    names: &[String],
+    relisted: bool,
+) {
+    let names: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    for host in state.ctx.hosts.snapshot() {
+        let uses = names.contains(host.spec.ssh_key_secret_ref.name.as_str())
+            || host
+                .spec
+                .proxy_jump
+                .as_ref()
+                .is_some_and(|j| names.contains(j.ssh_key_secret_ref.name.as_str()));
+        let backing_off = host
+            .status
+            .as_ref()
+            .is_some_and(|s| s.launch_backoff.is_some());
+        if !uses || (relisted && !backing_off) {
+            continue;
+        }
+        let Some(name) = host.metadata.name.as_deref() else {
+            continue;
+        };
+        if let Some(h) = state.actors.get(name)
+            && h.actor.send_message(HostMsg::SecretChanged).is_ok()
+        {
+            state.ctx.metrics.mailbox_in("host");
+        }
+    }
 }
 
 async fn on_host_event<C: Cluster, T: Transport>(

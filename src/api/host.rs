@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use super::{DEFAULT_HOST_CLASS, HOST_CLASS_LABEL, MAINTENANCE_ANNOTATION};
+use super::{DEFAULT_HOST_CLASS, HOST_CLASS_LABEL, MAINTENANCE_ANNOTATION, PROBE_ANNOTATION};
 
 /// Desired state of a host: how to reach it and what it offers.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -131,6 +131,52 @@ pub struct SSHHostStatus {
     pub last_probe_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_probe_error: Option<String>,
+    /// The last failed launch (S64): its phase, exit status and the end of its output.
+    /// Probe errors stay in `lastProbeError`; this field carries launch failures only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_launch_failure: Option<LaunchFailure>,
+    /// Backoff after failed launches (S63): the router does not choose this host before
+    /// `until`. Cleared by a launch whose Node registered, or by a spec or key Secret change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_backoff: Option<LaunchBackoff>,
+}
+
+/// A launch that failed, as the host's status records it (S64). Never holds secret values:
+/// the output is redacted before it is cut to its end.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchFailure {
+    /// `install`, `join`, `registration` (joined, but no Node registered in time) or
+    /// `configuration` (nothing reached the host).
+    pub phase: String,
+    /// The event reason: LaunchFailed, RegistrationTimeout, ConfigurationError.
+    pub reason: String,
+    /// The script's exit status, when it ran to an exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i32>,
+    /// What went wrong: for a script, the end of its (redacted) output.
+    #[schemars(length(max = 4096))]
+    pub message: String,
+    /// The NodeClaim the launch was for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_claim: Option<String>,
+    pub time: Time,
+}
+
+/// Consecutive failed launches of a host and when it may be claimed again (S63).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchBackoff {
+    /// Failed launches since the last one that succeeded (or since a spec or Secret change).
+    pub failures: i32,
+    /// The host is not claimed before this time. Cleared when it has passed; `failures` stays,
+    /// so the next failure waits twice as long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Time>,
+    /// resourceVersions of the key Secret(s) (host, then bastion) when the last failure was
+    /// recorded: a Secret edited since then resets the backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_version: Option<String>,
 }
 
 /// The NodeClaim holding a host, by name and UID (a reused name is a different claim).
@@ -228,8 +274,25 @@ impl SSHHost {
             .is_some_and(|a| a.contains_key(MAINTENANCE_ANNOTATION))
     }
 
+    /// The probe annotation's value: a new value asks the host's actor for a probe now.
+    pub fn probe_requested(&self) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PROBE_ANNOTATION))
+            .map(String::as_str)
+    }
+
     pub fn state(&self) -> HostState {
         self.status.as_ref().map(|s| s.state).unwrap_or_default()
+    }
+
+    /// S63: a failed launch's backoff has not run out yet (the router does not choose it).
+    pub fn backing_off(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.launch_backoff.as_ref())
+            .is_some_and(|b| b.until.is_some())
     }
 
     pub fn claim(&self) -> Option<&ClaimRef> {

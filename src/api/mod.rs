@@ -7,7 +7,10 @@ pub mod karpenter;
 pub mod nodeclass;
 pub mod profile;
 
-pub use host::{ClaimRef, ExecMode, HostState, ProxyJump, SSHHost, SSHHostSpec, SSHHostStatus};
+pub use host::{
+    ClaimRef, ExecMode, HostState, LaunchBackoff, LaunchFailure, ProxyJump, SSHHost, SSHHostSpec,
+    SSHHostStatus,
+};
 pub use karpenter::{NodeClaim, NodeClaimSpec, NodeClaimStatus, NodePool, NodePoolSpec};
 pub use nodeclass::{ProviderIdSource, SSHNodeClass, SSHNodeClassSpec, SSHNodeClassStatus};
 pub use profile::{SSHJoinProfile, SSHJoinProfileSpec};
@@ -20,6 +23,9 @@ pub const HOST_CLASS_LABEL: &str = "karpenter.dklesev.github.io/host-class";
 pub const DEFAULT_HOST_CLASS: &str = "default";
 /// Host annotation (presence only) that parks an unclaimed host.
 pub const MAINTENANCE_ANNOTATION: &str = "karpenter.dklesev.github.io/maintenance";
+/// Set (or changed) on an SSHHost to ask for a probe now; `kpssh probe --host` writes it with
+/// the time of the request.
+pub const PROBE_ANNOTATION: &str = "karpenter.dklesev.github.io/probe-requested";
 /// Finalizer held on node classes while NodeClaims reference them, and on profiles in use.
 pub const TERMINATION_FINALIZER: &str = "karpenter.dklesev.github.io/termination";
 pub const NODECLASS_HASH_ANNOTATION: &str = "karpenter.dklesev.github.io/nodeclass-hash";

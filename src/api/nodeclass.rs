@@ -137,6 +137,11 @@ pub mod reason {
     pub const PROFILE_INVALID: &str = "ProfileInvalid";
     pub const SELECTOR_ERROR: &str = "SelectorError";
     pub const NO_HOSTS: &str = "NoHosts";
+    /// Neither `spec.cluster` nor `kube-public/cluster-info` names the API server the hosts
+    /// join (S22); without it every launch would fail before touching a host.
+    pub const NO_CLUSTER_ENDPOINT: &str = "NoClusterEndpoint";
+    /// Most recent launches of the class failed the same way: launches are paused (S63).
+    pub const LAUNCHES_FAILING: &str = "LaunchesFailing";
 }
 
 fn default_price() -> String {

@@ -41,6 +41,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "KPSSH_SPLIT_MIXED_ARCH", default_value_t = false, action = ArgAction::Set,
           num_args = 0..=1, default_missing_value = "true")]
     pub split_mixed_arch: bool,
+    /// Node repair (as Karpenter's NodeRepair feature gate, off by default): a NodeClaim whose
+    /// Node has been Ready=False or Unknown for 30 minutes is replaced, unless more than 20% of
+    /// its NodePool's nodes are unhealthy.
+    #[arg(long, env = "KPSSH_NODE_REPAIR", default_value_t = false, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub node_repair: bool,
     /// Cap on pooled SSH connections (least recently used idle ones are closed first).
     #[arg(long, env = "KPSSH_MAX_SSH_CONNECTIONS", default_value_t = 4096)]
     pub max_ssh_connections: usize,
@@ -217,7 +223,11 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     };
     let started = async {
         let controller: Controller = spawn_controller(&ctx).await?;
-        let karpenter = crate::karpenter::spawn(&ctx).await?;
+        let config = crate::karpenter::KarpenterConfig {
+            node_repair: args.node_repair,
+            ..crate::karpenter::KarpenterConfig::for_actors(&ctx.config)
+        };
+        let karpenter = crate::karpenter::spawn_with(&ctx, config).await?;
         anyhow::Ok((controller, karpenter))
     };
     let (controller, mut karpenter) = tokio::select! {

@@ -214,6 +214,19 @@ pub trait Cluster: Clone + Send + Sync + 'static {
         async move { self.replace_status(obj).await.map(Arc::new) }
     }
 
+    /// Delete a Pod with `grace_seconds` as the deletion's grace period (the API's
+    /// `DeleteOptions.gracePeriodSeconds`: it can only shorten the pod's own). An in-memory
+    /// cluster has no kubelet to wait for and deletes at once.
+    fn delete_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        grace_seconds: u32,
+    ) -> impl Future<Output = Result<DeleteOutcome, ClusterError>> + Send {
+        let _ = grace_seconds;
+        self.delete::<k8s_openapi::api::core::v1::Pod>(Some(ns), name, None)
+    }
+
     /// Through the Eviction API: PodDisruptionBudgets can refuse with `TooManyRequests`.
     fn evict(
         &self,

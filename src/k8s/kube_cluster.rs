@@ -36,6 +36,33 @@ pub struct KubeCluster {
 }
 
 impl KubeCluster {
+    async fn delete_with<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        dp: DeleteParams,
+    ) -> Result<DeleteOutcome, ClusterError> {
+        let key = object_key(ns, name);
+        let kind = kind_of::<K>();
+        let req = request_for::<K>(ns)
+            .delete(name, &dp)
+            .map_err(|e| invalid(&kind, &key, e.to_string()))?;
+        let fut = self.client.request_status::<K>(req);
+        let res = tokio::time::timeout(CALL_TIMEOUT, fut)
+            .await
+            .map_err(|_| transient(&kind, &key, "API call timed out"))?;
+        match res {
+            Ok(Either::Left(obj)) if obj.meta().deletion_timestamp.is_some() => {
+                Ok(DeleteOutcome::Terminating)
+            }
+            Ok(_) => Ok(DeleteOutcome::Deleted),
+            Err(e) => match map_error(&kind, &key, e) {
+                ClusterError::NotFound { .. } => Ok(DeleteOutcome::NotFound),
+                other => Err(other),
+            },
+        }
+    }
+
     pub fn new(client: Client) -> Self {
         KubeCluster { client }
     }
@@ -213,8 +240,6 @@ impl Cluster for KubeCluster {
         name: &str,
         precondition: Option<Precondition>,
     ) -> Result<DeleteOutcome, ClusterError> {
-        let key = object_key(ns, name);
-        let kind = kind_of::<K>();
         let dp = DeleteParams {
             preconditions: precondition.map(|p| Preconditions {
                 uid: p.uid,
@@ -222,23 +247,20 @@ impl Cluster for KubeCluster {
             }),
             ..Default::default()
         };
-        let req = request_for::<K>(ns)
-            .delete(name, &dp)
-            .map_err(|e| invalid(&kind, &key, e.to_string()))?;
-        let fut = self.client.request_status::<K>(req);
-        let res = tokio::time::timeout(CALL_TIMEOUT, fut)
-            .await
-            .map_err(|_| transient(&kind, &key, "API call timed out"))?;
-        match res {
-            Ok(Either::Left(obj)) if obj.meta().deletion_timestamp.is_some() => {
-                Ok(DeleteOutcome::Terminating)
-            }
-            Ok(_) => Ok(DeleteOutcome::Deleted),
-            Err(e) => match map_error(&kind, &key, e) {
-                ClusterError::NotFound { .. } => Ok(DeleteOutcome::NotFound),
-                other => Err(other),
-            },
-        }
+        self.delete_with::<K>(ns, name, dp).await
+    }
+
+    async fn delete_pod(
+        &self,
+        ns: &str,
+        name: &str,
+        grace_seconds: u32,
+    ) -> Result<DeleteOutcome, ClusterError> {
+        let dp = DeleteParams {
+            grace_period_seconds: Some(grace_seconds),
+            ..Default::default()
+        };
+        self.delete_with::<Pod>(Some(ns), name, dp).await
     }
 
     fn watch<K: Object>(&self, ns: Option<&str>) -> WatchStream<K> {

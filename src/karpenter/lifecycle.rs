@@ -186,6 +186,8 @@ fn taints(node: &Node) -> Vec<Taint> {
 /// What a lifecycle pass needs of a claim's Node, taken under the state's read lock: the
 /// whole Node only when it still has to be registered (rare), a few facts otherwise.
 enum NodeSeen {
+    /// Deleted (`kubectl delete node`) and held by our termination finalizer (S52).
+    Deleting(String),
     Unregistered(Box<Node>),
     Registered {
         name: String,
@@ -199,6 +201,10 @@ impl NodeSeen {
     fn of(node: &Node) -> NodeSeen {
         let labels = node.metadata.labels.as_ref();
         let has = |k: &str| labels.is_some_and(|l| l.contains_key(k));
+        let held = (node.metadata.finalizers.iter().flatten()).any(|f| f == TERMINATION_FINALIZER);
+        if node.metadata.deletion_timestamp.is_some() && held {
+            return NodeSeen::Deleting(node.metadata.name.clone().unwrap_or_default());
+        }
         let taints = taints(node);
         if taints.iter().any(|t| t.key == UNREGISTERED_TAINT_KEY) || !has(REGISTERED_LABEL) {
             return NodeSeen::Unregistered(Box::new(node.clone()));
@@ -267,6 +273,34 @@ async fn register<C: Cluster, T: Transport>(
     Ok(())
 }
 
+/// S52, as core's node termination: a deleted Node of ours deletes its NodeClaim, whose
+/// termination then drains the Node, runs leave and releases the host; the host deletes the
+/// Node (dropping the finalizer) once leave stopped its kubelet.
+async fn node_deleted<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    nc: &NodeClaim,
+    name: &str,
+    node: &str,
+) -> Result<(), KarpenterError> {
+    let msg =
+        format!("Node {node} was deleted; deleting its NodeClaim to drain it and release the host");
+    events::record(&ctx.cluster, nc, EventType::Normal, "NodeDeleted", msg).await;
+    let uid = nc.metadata.uid.clone();
+    let precondition = crate::k8s::Precondition {
+        uid,
+        resource_version: None,
+    };
+    match ctx
+        .cluster
+        .delete::<NodeClaim>(None, name, Some(precondition))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// One NodeClaim.
 #[tracing::instrument(skip_all, fields(nodeclaim = ?nc.metadata.name))]
 pub async fn reconcile<C: Cluster, T: Transport>(
@@ -301,6 +335,7 @@ pub async fn reconcile<C: Cluster, T: Transport>(
         return Ok(());
     };
     let (node_name, current, ready, initialized_label) = match seen {
+        NodeSeen::Deleting(node) => return node_deleted(ctx, nc, &name, &node).await,
         NodeSeen::Unregistered(node) => return register(ctx, nc, &name, &node).await,
         NodeSeen::Registered {
             name,

@@ -60,8 +60,11 @@ pub struct KarpenterConfig {
     pub idle_resync: Duration,
     /// A NodeClaim whose Node has not registered after this long is deleted (S37).
     pub registration_timeout: Duration,
-    /// A Node NotReady/Unknown this long has its NodeClaim deleted (repair, S39).
-    pub repair_after: Duration,
+    /// Node repair (S43), off by default as upstream's `NodeRepair` feature gate.
+    pub node_repair: bool,
+    /// Toleration of each repair condition (Node Ready `False`, Ready `Unknown`) before the
+    /// NodeClaim is repaired: 30 minutes, as core's.
+    pub repair_toleration: Duration,
     /// Disruption evaluation period.
     pub disruption_interval: Duration,
     /// First retry after an eviction refused by a PDB; doubles up to `eviction_backoff_max`.
@@ -78,7 +81,8 @@ impl Default for KarpenterConfig {
             reconcile_interval: Duration::from_secs(1),
             idle_resync: Duration::from_secs(30),
             registration_timeout: Duration::from_secs(15 * 60),
-            repair_after: Duration::from_secs(10 * 60),
+            node_repair: false,
+            repair_toleration: Duration::from_secs(30 * 60),
             disruption_interval: Duration::from_secs(10),
             eviction_backoff: Duration::from_secs(1),
             eviction_backoff_max: Duration::from_secs(30),
@@ -106,15 +110,21 @@ impl Drop for KarpenterHandles {
     }
 }
 
+impl KarpenterConfig {
+    /// The defaults, with the registration timeout of the actor config.
+    pub fn for_actors(config: &crate::actors::Config) -> Self {
+        KarpenterConfig {
+            registration_timeout: config.registration_timeout,
+            ..KarpenterConfig::default()
+        }
+    }
+}
+
 /// Start the layer with default settings (registration timeout from the actor config).
 pub async fn spawn<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
 ) -> Result<KarpenterHandles, KarpenterError> {
-    let config = KarpenterConfig {
-        registration_timeout: ctx.config.registration_timeout,
-        ..KarpenterConfig::default()
-    };
-    spawn_with(ctx, config).await
+    spawn_with(ctx, KarpenterConfig::for_actors(&ctx.config)).await
 }
 
 /// Start cluster state, provisioning, lifecycle, termination and disruption.

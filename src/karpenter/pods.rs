@@ -3,12 +3,22 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 
 use super::quantity;
 use crate::api::karpenter::DO_NOT_DISRUPT_ANNOTATION;
 
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+/// The priority classes a drain leaves for last (as the kubelet's graceful node shutdown).
+pub const CRITICAL_PRIORITY_CLASSES: [&str; 2] =
+    ["system-cluster-critical", "system-node-critical"];
+/// A pod the API server defaults this grace period for when its spec names none.
+pub const DEFAULT_TERMINATION_GRACE: Duration = Duration::from_secs(30);
+/// How long a pod may stay terminating past its deletion timestamp before a drain stops
+/// waiting for it (core's "stuck terminating": the kubelet is gone or wedged).
+pub const STUCK_TERMINATING: Duration = Duration::from_secs(60);
 
 pub fn node_name(p: &Pod) -> Option<&str> {
     p.spec
@@ -64,11 +74,69 @@ pub fn is_daemonset_pod(p: &Pod) -> bool {
     owner_kind(p) == Some("DaemonSet")
 }
 
+/// A static pod's mirror: annotated by the kubelet, owned by its Node. The API cannot delete
+/// the pod itself (the kubelet runs it from a file), so a drain leaves it.
 pub fn is_mirror(p: &Pod) -> bool {
-    p.metadata
-        .annotations
+    let annotated =
+        (p.metadata.annotations.as_ref()).is_some_and(|a| a.contains_key(MIRROR_ANNOTATION));
+    let node_owned = (p.metadata.owner_references.iter().flatten())
+        .any(|o| o.kind == "Node" && o.api_version == "v1");
+    annotated || node_owned
+}
+
+pub fn is_terminating(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_some()
+}
+
+/// `system-cluster-critical` or `system-node-critical`.
+pub fn is_critical(p: &Pod) -> bool {
+    let class = p
+        .spec
         .as_ref()
-        .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION))
+        .and_then(|s| s.priority_class_name.as_deref());
+    class.is_some_and(|c| CRITICAL_PRIORITY_CLASSES.contains(&c))
+}
+
+/// Whether the pod tolerates `karpenter.sh/disrupted:NoSchedule`: it may stay on a draining
+/// node, so the drain neither evicts it nor waits for it (as core).
+pub fn tolerates_disrupted_taint(p: &Pod) -> bool {
+    let taint = super::termination::disrupted_taint();
+    (p.spec.as_ref().and_then(|s| s.tolerations.as_ref()))
+        .is_some_and(|ts| ts.iter().any(|t| super::scheduling::tolerates(t, &taint)))
+}
+
+/// The pod's own terminationGracePeriodSeconds (the API server's default when unset).
+pub fn termination_grace(p: &Pod) -> Duration {
+    (p.spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds))
+    .map_or(DEFAULT_TERMINATION_GRACE, |s| {
+        Duration::from_secs(u64::try_from(s).unwrap_or(0))
+    })
+}
+
+/// Terminating for longer than [`STUCK_TERMINATING`] past its deletion timestamp (which the
+/// API server sets to the deletion time plus the grace period).
+pub fn is_stuck_terminating(p: &Pod, now: jiff::Timestamp) -> bool {
+    (p.metadata.deletion_timestamp.as_ref()).is_some_and(|t| {
+        Duration::try_from(now.duration_since(t.0)).is_ok_and(|d| d > STUCK_TERMINATING)
+    })
+}
+
+/// A pod the drain of its node waits for (core's `IsWaitingEviction`): not finished, not
+/// tolerating the disrupted taint, not a mirror pod, not stuck terminating. Daemonset pods
+/// and do-not-disrupt pods are included: the drain waits for them too.
+pub fn is_waiting_eviction(p: &Pod, now: jiff::Timestamp) -> bool {
+    !is_finished(p)
+        && !tolerates_disrupted_taint(p)
+        && !is_mirror(p)
+        && !is_stuck_terminating(p, now)
+}
+
+/// A pod the drain asks the Eviction API for (core's `IsEvictable`): waiting eviction, not
+/// terminating already, not annotated do-not-disrupt.
+pub fn is_evictable(p: &Pod, now: jiff::Timestamp) -> bool {
+    is_waiting_eviction(p, now) && !is_terminating(p) && !do_not_disrupt(p)
 }
 
 /// Pods that a drain evicts and that a consolidation has to place elsewhere.

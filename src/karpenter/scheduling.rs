@@ -13,8 +13,50 @@ use crate::api::karpenter::NodeSelectorRequirement;
 
 pub const HOSTNAME_KEY: &str = "kubernetes.io/hostname";
 
+/// A host port a container binds (`hostIP` empty: every address).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    pub protocol: String,
+    pub port: i32,
+    pub ip: String,
+}
+
+impl HostPort {
+    /// Two binds collide: same protocol and port, and addresses that overlap (an empty or
+    /// unspecified address overlaps every address).
+    pub fn collides(&self, other: &HostPort) -> bool {
+        let any = |ip: &str| ip.is_empty() || ip == "0.0.0.0" || ip == "::";
+        self.protocol == other.protocol
+            && self.port == other.port
+            && (any(&self.ip) || any(&other.ip) || self.ip == other.ip)
+    }
+}
+
+/// The host ports of a pod's containers (and its restartable init containers, which run
+/// beside them).
+fn host_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<HostPort> {
+    let sidecars = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+    spec.containers
+        .iter()
+        .chain(sidecars)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            let port = p.host_port.filter(|hp| *hp > 0)?;
+            Some(HostPort {
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                port,
+                ip: p.host_ip.clone().unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
 /// A pod's scheduling constraints, extracted once.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PodInfo {
     pub namespace: String,
     pub name: String,
@@ -29,6 +71,15 @@ pub struct PodInfo {
     pub anti: Vec<Selector>,
     /// Hostname topology spread (DoNotSchedule): at most `max_skew` matching pods per node.
     pub spread: Vec<(Selector, i32)>,
+    /// Host ports the pod's containers bind: no two pods on one node may share one (the
+    /// scheduler's NodePorts filter).
+    pub host_ports: Vec<HostPort>,
+    /// Names of the PersistentVolumeClaims the pod mounts (resolved to `volume_terms` by
+    /// callers that can read the API).
+    pub claims: Vec<String>,
+    /// The required node affinity of each PersistentVolume the pod mounts (each an OR of terms,
+    /// each term an AND): a node must satisfy every one of them.
+    pub volume_terms: Vec<Vec<Vec<NodeSelectorRequirement>>>,
     /// A constraint this layer does not model; the pod is left pending with an event.
     pub unsupported: Option<String>,
 }
@@ -109,6 +160,13 @@ impl PodInfo {
                 _ => unsupported = Some("topology spread without a valid selector".into()),
             }
         }
+        let claims = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+            .map(|c| c.claim_name.clone())
+            .collect();
         PodInfo {
             namespace: p.metadata.namespace.clone().unwrap_or_default(),
             name: p.metadata.name.clone().unwrap_or_default(),
@@ -120,6 +178,9 @@ impl PodInfo {
             tolerations: spec.tolerations.clone().unwrap_or_default(),
             anti,
             spread,
+            host_ports: host_ports(&spec),
+            claims,
+            volume_terms: vec![],
             unsupported,
         }
     }
@@ -136,16 +197,17 @@ impl PodInfo {
         self.requests.get("memory").copied().unwrap_or(0)
     }
 
-    /// nodeSelector and required node affinity against a node's labels.
+    /// nodeSelector, required node affinity and the node affinity of the pod's volumes
+    /// against a node's labels.
     pub fn labels_match(&self, labels: &BTreeMap<String, String>) -> bool {
+        let any_term = |terms: &[Vec<NodeSelectorRequirement>]| {
+            terms.is_empty() || terms.iter().any(|t| requirements::all_match(t, labels))
+        };
         self.node_selector
             .iter()
             .all(|(k, v)| labels.get(k) == Some(v))
-            && (self.terms.is_empty()
-                || self
-                    .terms
-                    .iter()
-                    .any(|t| requirements::all_match(t, labels)))
+            && any_term(&self.terms)
+            && self.volume_terms.iter().all(|v| any_term(v))
     }
 
     pub fn tolerates(&self, taints: &[Taint]) -> bool {
@@ -184,6 +246,7 @@ pub struct Placed {
     pub namespace: String,
     pub labels: BTreeMap<String, String>,
     pub anti: Vec<Selector>,
+    pub host_ports: Vec<HostPort>,
 }
 
 impl Placed {
@@ -192,6 +255,7 @@ impl Placed {
             namespace: p.namespace.clone(),
             labels: p.labels.clone(),
             anti: p.anti.clone(),
+            host_ports: p.host_ports.clone(),
         }
     }
 }
@@ -219,8 +283,18 @@ pub fn fits_resources(
     })
 }
 
-/// Pod-to-pod constraints (hostname anti-affinity both ways, hostname spread) on one node.
+/// Pod-to-pod constraints (hostname anti-affinity both ways, hostname spread, host ports) on
+/// one node.
 pub fn pods_allow(pod: &PodInfo, placed: &[Placed]) -> bool {
+    if !pod.host_ports.is_empty()
+        && placed.iter().any(|q| {
+            q.host_ports
+                .iter()
+                .any(|h| pod.host_ports.iter().any(|mine| mine.collides(h)))
+        })
+    {
+        return false;
+    }
     let same_ns = || placed.iter().filter(|q| q.namespace == pod.namespace);
     if pod
         .anti
@@ -286,7 +360,7 @@ pub fn shapes(pods: &[PodInfo]) -> Vec<usize> {
     pods.iter()
         .map(|p| {
             let key = format!(
-                "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}",
+                "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
                 p.requests,
                 p.node_selector,
                 p.terms,
@@ -294,7 +368,9 @@ pub fn shapes(pods: &[PodInfo]) -> Vec<usize> {
                 p.anti,
                 p.spread,
                 p.namespace,
-                p.labels
+                p.labels,
+                p.host_ports,
+                p.volume_terms
             );
             let next = ids.len();
             *ids.entry(key).or_insert(next)
@@ -347,6 +423,9 @@ mod tests {
             tolerations: vec![],
             anti: vec![],
             spread: vec![],
+            host_ports: vec![],
+            claims: vec![],
+            volume_terms: vec![],
             unsupported: None,
         }
     }
@@ -392,6 +471,35 @@ mod tests {
             let used = |ns: &[SimNode]| ns.iter().map(|n| n.used.clone()).collect::<Vec<_>>();
             assert_eq!(used(&fast), used(&plain), "seed {seed}");
         }
+    }
+
+    /// S48: two pods binding one host port never share a node (the scheduler's NodePorts
+    /// filter): same protocol and port, and addresses that overlap.
+    #[test]
+    fn s48_host_ports_collide_as_the_scheduler_sees_them() {
+        let hp = |protocol: &str, port: i32, ip: &str| HostPort {
+            protocol: protocol.into(),
+            port,
+            ip: ip.into(),
+        };
+        assert!(hp("TCP", 80, "").collides(&hp("TCP", 80, "10.0.0.1")));
+        assert!(hp("TCP", 80, "0.0.0.0").collides(&hp("TCP", 80, "")));
+        assert!(!hp("TCP", 80, "10.0.0.1").collides(&hp("TCP", 80, "10.0.0.2")));
+        assert!(!hp("TCP", 80, "").collides(&hp("UDP", 80, "")));
+        assert!(!hp("TCP", 80, "").collides(&hp("TCP", 81, "")));
+        let mut a = sized(1, 100, 1);
+        a.host_ports = vec![hp("TCP", 8080, "")];
+        let mut b = sized(2, 100, 2);
+        b.host_ports = vec![hp("TCP", 8080, "")];
+        let mut node = SimNode {
+            allocatable: BTreeMap::from([("cpu".to_string(), 1000)]),
+            ..Default::default()
+        };
+        assert!(node.fits(&a));
+        node.add(&a);
+        assert!(!node.fits(&b), "host port taken");
+        b.host_ports = vec![hp("TCP", 8081, "")];
+        assert!(node.fits(&b));
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub enum ProfileError {
     #[error("profile {profile}: version {value:?} does not match ^[A-Za-z0-9._-]{{1,63}}$")]
     BadVersion { profile: String, value: String },
     #[error(
-        "profile {profile}: leave script {reason}; leave runs with an empty context (release path, zombie guard) and may use only .HostAddress, .NodeAddress, KPSSH_HOST_ADDRESS and KPSSH_NODE_ADDRESS"
+        "profile {profile}: leave script {reason}; leave runs with an empty context (release path, zombie guard): only .HostAddress and .NodeAddress have values, .Vars and .Secrets are empty"
     )]
     LeaveNeedsContext { profile: String, reason: String },
     #[error(

@@ -8,7 +8,7 @@ use super::ProfileError;
 use super::env::{Env, build_env};
 use super::raw::{PhaseLock, RawPlan, build_raw_plan};
 use super::redact::Redactor;
-use super::template::{Template, Value};
+use super::template::{ContextData, Template, Value};
 use super::validate::{MAX_SCRIPT_BYTES, check_verified_script, phase_timeout};
 use crate::secret::Secret;
 
@@ -101,16 +101,17 @@ impl PhaseContext {
         }
     }
 
-    /// The Go-template data of `phase` (see `docs/join-profiles.md`): `Vars`, `Secrets`,
-    /// `NodeName`, `ProviderID`, `ClusterEndpoint`, `ClusterCA` (alias `ClusterCACert`),
-    /// `BootstrapToken`, `NodeLabels`, `Taints` (alias `RegisterWithTaints`), `HostAddress`,
-    /// `NodeAddress`. `NodeLabels` and `Taints` are the strings of `KPSSH_NODE_LABELS` /
+    /// The Go-template data of `phase` (see `docs/join-profiles.md`): the Go provider's
+    /// `profile.Context` — `ClusterEndpoint`, `ClusterCACert`, `BootstrapToken`, `NodeName`,
+    /// `ProviderID`, `NodeLabels`, `RegisterWithTaints`, `HostAddress`, `NodeAddress`, `Vars`,
+    /// `Secrets`. `NodeLabels` and `RegisterWithTaints` are the strings of `KPSSH_NODE_LABELS` /
     /// `KPSSH_TAINTS`. The data is restricted like the environment: no token outside `join`,
-    /// only the addresses in `leave` (everything else empty).
+    /// only the addresses in `leave` (everything else empty, the maps nil, as the Go provider
+    /// renders leave).
     pub fn template_data(&self, phase: Phase) -> Result<Value, super::env::EnvError> {
         let ctx = self.for_phase(phase);
-        let s = |v: &str| Value::Str(v.to_string());
-        let (labels, taints) = if phase == Phase::Leave {
+        let leave = phase == Phase::Leave;
+        let (node_labels, register_with_taints) = if leave {
             (String::new(), String::new())
         } else {
             (
@@ -118,35 +119,20 @@ impl PhaseContext {
                 super::env::taints_value(&ctx.taints)?,
             )
         };
-        let mut m = BTreeMap::new();
-        m.insert(
-            "Vars".to_string(),
-            Value::Map(ctx.vars.iter().map(|(k, v)| (k.clone(), s(v))).collect()),
-        );
-        m.insert(
-            "Secrets".to_string(),
-            Value::Map(
-                ctx.secrets
-                    .iter()
-                    .map(|(k, v)| (k.clone(), Value::Secret(v.clone())))
-                    .collect(),
-            ),
-        );
-        m.insert("NodeName".into(), s(&ctx.node_name));
-        m.insert("ProviderID".into(), s(&ctx.provider_id));
-        m.insert("ClusterEndpoint".into(), s(&ctx.cluster_endpoint));
-        m.insert("ClusterCA".into(), s(&ctx.cluster_ca_b64));
-        m.insert("ClusterCACert".into(), s(&ctx.cluster_ca_b64));
-        m.insert(
-            "BootstrapToken".into(),
-            Value::Secret(ctx.bootstrap_token.clone().unwrap_or_default()),
-        );
-        m.insert("NodeLabels".into(), s(&labels));
-        m.insert("Taints".into(), s(&taints));
-        m.insert("RegisterWithTaints".into(), s(&taints));
-        m.insert("HostAddress".into(), s(&ctx.host_address));
-        m.insert("NodeAddress".into(), s(&ctx.node_address));
-        Ok(Value::Root(m))
+        Ok(ContextData {
+            cluster_endpoint: ctx.cluster_endpoint,
+            cluster_ca_cert: ctx.cluster_ca_b64,
+            bootstrap_token: ctx.bootstrap_token.unwrap_or_default(),
+            node_name: ctx.node_name,
+            provider_id: ctx.provider_id,
+            node_labels,
+            register_with_taints,
+            host_address: ctx.host_address,
+            node_address: ctx.node_address,
+            vars: (!leave).then_some(ctx.vars),
+            secrets: (!leave).then_some(ctx.secrets),
+        }
+        .into_value())
     }
 
     /// A redactor for everything secret in this context (token, its secret half, secrets ≥ 8

@@ -37,8 +37,8 @@ fn profile() -> ProfileSource {
         scripts: Scripts {
             install: Some("echo install {{ .Vars.clusterName }} [{{ .BootstrapToken }}]\n".into()),
             join: Some(
-                "echo {{ .NodeName }} {{ .ClusterEndpoint }} {{ .ClusterCA }} {{ .ClusterCACert }}\n\
-                 echo {{ .ProviderID }} {{ .NodeLabels }} {{ .Taints }} {{ .RegisterWithTaints }}\n\
+                "echo {{ .NodeName }} {{ .ClusterEndpoint }} {{ .ClusterCACert }}\n\
+                 echo {{ .ProviderID }} {{ .NodeLabels }} {{ .RegisterWithTaints }}\n\
                  echo {{ .HostAddress }} {{ .NodeAddress }} {{ .Vars.clusterName }}\n\
                  {{- if .BootstrapToken }} token{{ end }}\n"
                     .into(),
@@ -61,9 +61,9 @@ fn join_renders_template_data_and_env() {
     let r = render_phase(&p, Phase::Join, &ctx(), ExecMode::Raw).unwrap();
     assert_eq!(
         String::from_utf8(r.script.clone()).unwrap(),
-        "echo default-x7k2p https://10.0.0.1:6443 Q0EK Q0EK\n\
+        "echo default-x7k2p https://10.0.0.1:6443 Q0EK\n\
          echo kpssh://kpssh-system/h1 karpenter.sh/nodepool=default \
-         karpenter.sh/unregistered:NoExecute karpenter.sh/unregistered:NoExecute\n\
+         karpenter.sh/unregistered:NoExecute\n\
          echo 192.0.2.10 10.1.0.10 prod token\n"
     );
     assert_eq!(r.timeout, Duration::from_secs(120));
@@ -223,7 +223,7 @@ fn render_errors_never_contain_secrets() {
         !msg.contains("s3cret") && !msg.contains("0123456789abcdef"),
         "{msg}"
     );
-    p.scripts.join = Some("{{ printf \"%d\" .BootstrapToken }}".into());
+    p.scripts.join = Some("{{ index .NodeName .BootstrapToken }}".into());
     let msg = render_phase(&p, Phase::Join, &ctx(), ExecMode::Raw)
         .unwrap_err()
         .to_string();

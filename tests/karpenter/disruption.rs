@@ -1,6 +1,6 @@
-//! S38 (consolidation, budgets, do-not-disrupt) and S39 (drift, expiry, repair).
+//! S38 (consolidation, budgets, do-not-disrupt) and S39 (drift, expiry).
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::api::core::v1::Node;
 use kpssh::api::karpenter::{Budget, DO_NOT_DISRUPT_ANNOTATION};
 use kpssh::api::{HostState, NodePool};
 use kpssh::k8s::Cluster;
@@ -308,62 +308,6 @@ async fn s39_drifted_and_expired_claims_are_replaced() {
     assert!(ok, "expired claim replaced");
 }
 
-#[tokio::test(start_paused = true)]
-async fn s39_node_not_ready_for_10_minutes_is_repaired() {
-    let e = env().await;
-    hosts(&e, "h", "small", 1, 2, 4, 74).await;
-    e.w.cluster
-        .create(&consolidating("Never"))
-        .await
-        .expect("np");
-    e.w.cluster
-        .create(&pod("p", "500m", "256Mi"))
-        .await
-        .expect("pod");
-    assert!(
-        e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
-            .await
-    );
-    let name = claims(&e).await[0].metadata.name.clone().expect("name");
-    let mut node: Node =
-        e.w.cluster
-            .get(None, &name)
-            .await
-            .expect("get")
-            .expect("node");
-    if let Some(s) = node.status.as_mut() {
-        s.conditions = Some(vec![NodeCondition {
-            type_: "Ready".into(),
-            status: "Unknown".into(),
-            reason: Some("NodeStatusUnknown".into()),
-            last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                e.w.ctx.clock.now(),
-            )),
-            ..Default::default()
-        }]);
-    }
-    e.w.cluster.replace_status(&node).await.expect("not ready");
-    tokio::time::sleep(8 * MINUTE).await;
-    assert_eq!(
-        claims(&e)
-            .await
-            .iter()
-            .filter(|c| c.metadata.name.as_deref() == Some(name.as_str()))
-            .count(),
-        1
-    );
-    let ok =
-        e.w.until(5 * MINUTE, || async {
-            !claims(&e)
-                .await
-                .iter()
-                .any(|c| c.metadata.name.as_deref() == Some(name.as_str()))
-        })
-        .await;
-    assert!(ok, "repaired");
-    assert!(reasons(&e).iter().any(|r| r == "Repair"));
-}
-
 /// S38: an under-utilised node whose pods fit nowhere else but all fit on a cheaper instance
 /// type is replaced: the cheaper NodeClaim is launched first, and only once it is Initialized is
 /// the old one drained; the pod moves over and the expensive host goes back to the warm pool.
@@ -491,12 +435,13 @@ async fn s39_drifted_node_gets_its_replacement_before_it_is_drained() {
     );
 }
 
-/// S36 with S39: the pool is at its limit (cpu 2: one small node), so a drifted node's
-/// replacement would exceed it while both run. No replacement is launched; the drifted claim
-/// is disrupted first and its pod gets a new node once the old one is gone. At no moment does
-/// the pool hold more than one NodeClaim.
+/// S36 with S50: the pool is at its limit (cpu 2: one small node), so a drifted node's
+/// replacement would exceed it while both run, and its pod fits on no other node. The drifted
+/// node is not disrupted (its pod would have nowhere to go; it used to be drained anyway) and a
+/// DisruptionBlocked event says why; the pool never holds more than one NodeClaim. Once the
+/// limit allows a replacement, the node is replaced.
 #[tokio::test(start_paused = true)]
-async fn s36_s39_drifted_node_at_the_pool_limit_is_not_replaced_beside_itself() {
+async fn s50_drifted_node_whose_pods_can_go_nowhere_is_not_disrupted() {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     let e = env().await;
@@ -507,20 +452,32 @@ async fn s36_s39_drifted_node_at_the_pool_limit_is_not_replaced_beside_itself() 
     let first = one_running_pod(&e).await;
     bump_template(&e).await;
     let most = std::cell::Cell::new(0usize);
+    let blocked = || {
+        e.w.cluster
+            .events()
+            .iter()
+            .any(|ev| ev.reason == "DisruptionBlocked" && ev.message.contains(first.as_str()))
+    };
     let ok =
         e.w.until(15 * MINUTE, || async {
-            let cs = claims(&e).await;
-            most.set(most.get().max(cs.len()));
-            cs.len() == 1
-                && cs[0].metadata.name.as_deref() != Some(first.as_str())
-                && running(&e).await == 1
+            most.set(most.get().max(claims(&e).await.len()));
+            blocked()
         })
         .await;
     assert!(
         ok,
-        "the drifted claim was disrupted and its pod runs again: {:?}",
+        "DisruptionBlocked for the drifted node: {:?}",
         reasons(&e)
     );
+    tokio::time::sleep(10 * MINUTE).await;
+    let cs = claims(&e).await;
+    assert_eq!(cs.len(), 1);
+    assert_eq!(cs[0].metadata.name.as_deref(), Some(first.as_str()));
+    assert!(
+        cs[0].metadata.deletion_timestamp.is_none(),
+        "the drifted node with nowhere for its pod was disrupted"
+    );
+    assert_eq!(running(&e).await, 1);
     assert_eq!(
         most.get(),
         1,
@@ -528,14 +485,106 @@ async fn s36_s39_drifted_node_at_the_pool_limit_is_not_replaced_beside_itself() 
     );
     let events = e.w.cluster.events();
     assert!(
-        !events.iter().any(|ev| ev.reason == "DisruptionLaunching"),
-        "no replacement beside the drifted claim"
+        !events
+            .iter()
+            .any(|ev| ev.reason == "DisruptionTerminating" || ev.reason == "DisruptionLaunching"),
+        "{:?}",
+        reasons(&e)
+    );
+    // The limit raised: a replacement fits it, so the drifted node is replaced.
+    let mut np: NodePool =
+        e.w.cluster
+            .get(None, "default")
+            .await
+            .expect("get")
+            .expect("np");
+    np.spec.limits.insert("cpu".into(), Quantity("4".into()));
+    e.w.cluster.replace(&np).await.expect("replace");
+    let ok =
+        e.w.until(15 * MINUTE, || async {
+            let cs = claims(&e).await;
+            cs.len() == 1
+                && cs[0].metadata.name.as_deref() != Some(first.as_str())
+                && running(&e).await == 1
+        })
+        .await;
+    assert!(ok, "replaced once the limit allows: {:?}", reasons(&e));
+}
+
+/// S50 (core's RequirementsDrifted): a NodePool requirement edit drifts only the nodes whose
+/// labels no longer satisfy it. The claim carries no template hash (as one made by another
+/// version would), so only the requirements decide: `arch In [amd64]` keeps the amd64 node,
+/// `instance-type NotIn [small]` drifts it, and it is replaced on the big class.
+#[tokio::test(start_paused = true)]
+async fn s50_requirement_edit_drifts_only_nodes_whose_labels_no_longer_satisfy_it() {
+    use kpssh::api::karpenter::{INSTANCE_TYPE_LABEL, NodeSelectorRequirement};
+    use kpssh::karpenter::nodepool_hash::NODEPOOL_HASH_ANNOTATION;
+
+    let e = env().await;
+    hosts(&e, "s", "small", 1, 2, 4, 89).await;
+    hosts(&e, "b", "big", 1, 8, 16, 90).await;
+    e.w.cluster
+        .create(&consolidating("Never"))
+        .await
+        .expect("np");
+    let first = one_running_pod(&e).await;
+    let types = |cs: Vec<kpssh::api::NodeClaim>| {
+        cs.iter()
+            .filter_map(kpssh::karpenter::provisioning::claim_type)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(types(claims(&e).await), vec!["small".to_string()]);
+    e.w.cluster
+        .patch::<kpssh::api::NodeClaim>(
+            None,
+            &first,
+            &serde_json::json!({"metadata": {"annotations": {NODEPOOL_HASH_ANNOTATION: null}}}),
+        )
+        .await
+        .expect("strip the hash");
+    let require = |key: &str, op: &str, value: &str| NodeSelectorRequirement {
+        key: key.into(),
+        operator: op.into(),
+        values: vec![value.into()],
+        min_values: None,
+    };
+    let edit = |r: NodeSelectorRequirement| async {
+        let mut np: NodePool =
+            e.w.cluster
+                .get(None, "default")
+                .await
+                .expect("get")
+                .expect("np");
+        np.spec.template.spec.requirements.push(r);
+        e.w.cluster.replace(&np).await.expect("replace");
+    };
+    edit(require("kubernetes.io/arch", "In", "amd64")).await;
+    tokio::time::sleep(5 * MINUTE).await;
+    let cs = claims(&e).await;
+    assert_eq!(cs.len(), 1);
+    assert_eq!(
+        cs[0].metadata.name.as_deref(),
+        Some(first.as_str()),
+        "a requirement the node satisfies drifted it: {:?}",
+        reasons(&e)
+    );
+    edit(require(INSTANCE_TYPE_LABEL, "NotIn", "small")).await;
+    let ok =
+        e.w.until(10 * MINUTE, || async {
+            types(claims(&e).await) == vec!["big".to_string()] && running(&e).await == 1
+        })
+        .await;
+    assert!(
+        ok,
+        "the small node drifted and was replaced: {:?}",
+        reasons(&e)
     );
     assert!(
-        events
+        e.w.cluster
+            .events()
             .iter()
-            .any(|ev| ev.reason == "DisruptionTerminating" && ev.message.contains("Drifted")),
-        "disrupted as Drifted: {:?}",
+            .any(|ev| ev.reason == "DisruptionLaunching" && ev.message.contains("drifted")),
+        "{:?}",
         reasons(&e)
     );
 }

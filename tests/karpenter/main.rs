@@ -2,10 +2,17 @@
 //! simulated hosts and a simulated scheduler, on tokio's paused clock.
 
 mod acceptance;
+mod consolidation;
 mod disruption;
+mod drain_order;
+mod exchange;
+mod expiration;
+mod grace;
 mod lifecycle;
 mod metrics;
+mod node_deletion;
 mod provisioning;
+mod repair;
 mod termination;
 
 use std::collections::BTreeMap;
@@ -32,6 +39,26 @@ impl Drop for Env {
         for t in &self._sched {
             t.abort();
         }
+    }
+}
+
+impl Env {
+    /// A controller crash and restart: the actors and the karpenter layer (and the simulated
+    /// scheduler beside it) start again from what the API holds.
+    pub async fn restart(&mut self, cfg: KarpenterConfig) {
+        self.k.stop();
+        for t in &self._sched {
+            t.abort();
+        }
+        self.w.crash_and_restart(12).await.expect("restart");
+        self.k = kpssh::karpenter::spawn_with(&self.w.ctx, cfg)
+            .await
+            .expect("karpenter");
+        self._sched = sim_scheduler::spawn(
+            self.w.cluster.clone(),
+            self.k.state.clone(),
+            Duration::from_secs(1),
+        );
     }
 }
 

@@ -243,3 +243,86 @@ async fn s36_daemonset_overhead_and_hostname_anti_affinity() {
         assert_eq!(cpu.as_deref(), Some("2"), "pod + daemonset requests");
     }
 }
+
+/// S54: a NodeClaim launching for a pod whose instance type then leaves its NodePool's offers
+/// (a requirement edit excludes it) still takes that pod: the pod, pending until the node is
+/// up, is not provisioned a second time on another class.
+#[tokio::test(start_paused = true)]
+async fn s54_inflight_claim_whose_type_left_the_offers_still_absorbs_its_pods() {
+    use kpssh::api::karpenter::NodeSelectorRequirement;
+    use kpssh::api::{NodeClaim, NodePool};
+    use kpssh::sim::SimHost;
+    use kpssh::sim::host::{Behaviour, Latency, PerPhase};
+
+    let e = env().await;
+    // The small class joins slowly: its claim stays in flight for three minutes.
+    let slow = Latency {
+        median: 3 * MINUTE,
+        p95: 3 * MINUTE,
+    };
+    let mut sim = SimHost::new("10.42.0.1", 2, 4 * 1024 * 1024);
+    sim.behaviour = Some(Behaviour {
+        latency: PerPhase {
+            join: slow,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    e.w.add_host("small000", "small", sim).await.expect("host");
+    hosts(&e, "big", "big", 1, 8, 16, 43).await;
+    wait_available(&e, 2).await;
+    e.w.cluster
+        .create(&nodepool("default"))
+        .await
+        .expect("nodepool");
+    e.w.cluster
+        .create(&pod("p", "1", "1Gi"))
+        .await
+        .expect("pod");
+    let launched =
+        e.w.until(MINUTE, || async { claims(&e).await.len() == 1 })
+            .await;
+    assert!(launched, "one claim for the pod");
+    let first: NodeClaim = claims(&e).await.remove(0);
+    assert_eq!(
+        kpssh::karpenter::provisioning::claim_type(&first).as_deref(),
+        Some("small"),
+        "the cheapest class"
+    );
+    let mut np: NodePool =
+        e.w.cluster
+            .get(None, "default")
+            .await
+            .expect("get")
+            .expect("np");
+    np.spec
+        .template
+        .spec
+        .requirements
+        .push(NodeSelectorRequirement {
+            key: INSTANCE_TYPE_LABEL.into(),
+            operator: "NotIn".into(),
+            values: vec!["small".into()],
+            min_values: None,
+        });
+    e.w.cluster.replace(&np).await.expect("replace");
+    // Provisioning looks again every 10 s while the pod is pending.
+    let mut most = 1;
+    for _ in 0..24 {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        most = most.max(claims(&e).await.len());
+    }
+    assert_eq!(
+        most,
+        1,
+        "the pod was provisioned a second time: {:?}",
+        reasons(&e)
+    );
+    let launching =
+        e.w.cluster
+            .events()
+            .iter()
+            .filter(|ev| ev.reason == "Launching")
+            .count();
+    assert_eq!(launching, 1);
+}

@@ -10,7 +10,8 @@ use kpssh::k8s::Cluster;
 
 use super::*;
 
-fn pdb() -> PodDisruptionBudget {
+/// `minAvailable: 1` over the `app=web` pods of `default`.
+pub fn pdb() -> PodDisruptionBudget {
     PodDisruptionBudget {
         metadata: kube::api::ObjectMeta {
             name: Some("web".into()),
@@ -29,8 +30,18 @@ fn pdb() -> PodDisruptionBudget {
     }
 }
 
-async fn one_node(e: &Env, p: k8s_openapi::api::core::v1::Pod) -> String {
-    e.w.cluster.create(&nodepool("default")).await.expect("np");
+/// A NodePool `default` and one node running `p`; the NodeClaim's name.
+pub async fn one_node(e: &Env, p: k8s_openapi::api::core::v1::Pod) -> String {
+    one_node_in(e, nodepool("default"), p).await
+}
+
+/// NodePool `np` and one node of it running `p`; the NodeClaim's name.
+pub async fn one_node_in(
+    e: &Env,
+    np: kpssh::api::NodePool,
+    p: k8s_openapi::api::core::v1::Pod,
+) -> String {
+    e.w.cluster.create(&np).await.expect("np");
     e.w.cluster.create(&p).await.expect("pod");
     assert!(
         e.w.until(3 * MINUTE, || async { running(e).await == 1 })

@@ -12,9 +12,10 @@ use rand::Rng;
 use serde_json::json;
 use tracing::Instrument;
 
+use super::failure::{fail, fail_as};
 use super::phases::{PhaseFailure, plan, run_phase};
 use super::probe::write;
-use super::registration::{TOKEN_NAMESPACE, delete_token, static_provider_id, token_secret_name};
+use super::registration::{TOKEN_NAMESPACE, static_provider_id, token_secret_name};
 use super::{HostActorState, target};
 use crate::actors::drift::nodeclass_hash;
 use crate::actors::events;
@@ -78,7 +79,12 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
         {
             return;
         }
-        Ok(true) => {}
+        Ok(true) => {
+            let class = plan.claim.spec.node_class_ref.name.clone();
+            let now = state.ctx.clock.now();
+            (state.ctx.launches).record(&class, crate::actors::launches::Outcome::succeeded(), now);
+            tracing::info!(host = %state.key(), nodeclaim = %claim.name, "launched; waiting for the Node to register");
+        }
         // The NodeClaim went away while the launch waited: its release (queued) or the stale
         // claim check of the next probe frees the host.
         Ok(false) => return,
@@ -258,15 +264,15 @@ pub async fn adopt_deadline<C: Cluster, T: Transport>(
     let failure = PhaseFailure {
         message,
         touched_host: left.is_err(),
+        ..PhaseFailure::default()
     };
-    fail(state, claim, None, failure).instrument(span).await;
+    fail_as(state, claim, None, failure, Some("registration"))
+        .instrument(span)
+        .await;
 }
 
 fn api_failure(e: ClusterError) -> PhaseFailure {
-    PhaseFailure {
-        message: e.to_string(),
-        touched_host: true,
-    }
+    PhaseFailure::touched(e.to_string())
 }
 
 /// Resolve node class, profile, secrets and endpoint, and render every phase once with a
@@ -420,7 +426,7 @@ async fn join_secrets<C: Cluster, T: Transport>(
 }
 
 /// S22: `spec.cluster` wins, else `kube-public/cluster-info`; neither is a configuration error.
-async fn cluster_endpoint<C: Cluster>(
+pub async fn cluster_endpoint<C: Cluster>(
     cluster: &C,
     class: &SSHNodeClass,
 ) -> Result<(String, String), PhaseFailure> {
@@ -544,86 +550,6 @@ fn random_token_part<C: Cluster, T: Transport>(state: &HostActorState<C, T>, len
     (0..len)
         .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
         .collect()
-}
-
-/// S17/S18: release the host (Unhealthy if the host was touched, else Available), delete the
-/// token, and fail the NodeClaim with a redacted explanation.
-async fn fail<C: Cluster, T: Transport>(
-    state: &mut HostActorState<C, T>,
-    claim: &ClaimRef,
-    nodeclaim: Option<&NodeClaim>,
-    failure: PhaseFailure,
-) {
-    // A token that could not be deleted stays recorded, so a later probe deletes it (S27).
-    let token_gone = delete_token(state).await.is_ok();
-    let touched = failure.touched_host;
-    let message = failure.message.clone();
-    let released = write(state, ProbeStamp::Keep, |s| {
-        s.claim_ref = None;
-        s.provider_id = None;
-        if token_gone {
-            s.bootstrap_token_id = None;
-        }
-        if touched {
-            s.state = HostState::Unhealthy;
-            s.last_probe_error = Some(message.clone());
-        } else {
-            s.state = HostState::Available;
-        }
-    })
-    .await;
-    if let Err(e) = released {
-        tracing::warn!(host = %state.key(), error = %e, "could not release host after failed launch");
-    }
-    let reason = if touched {
-        events::LAUNCH_FAILED
-    } else {
-        events::CONFIGURATION_ERROR
-    };
-    state.end_lifecycle(&claim.uid, reason, true);
-    let nodeclaim = match nodeclaim {
-        Some(n) => Some(n.clone()),
-        None => state
-            .ctx
-            .cluster
-            .get::<NodeClaim>(None, &claim.name)
-            .await
-            .ok()
-            .flatten(),
-    };
-    if let Some(nc) = nodeclaim.filter(|n| n.metadata.uid.as_deref() == Some(&claim.uid)) {
-        events::record(
-            &state.ctx.cluster,
-            &nc,
-            EventType::Warning,
-            reason,
-            failure.message.clone(),
-        )
-        .await;
-        let _ = set_launched(
-            &state.ctx.cluster,
-            &nc,
-            false,
-            reason,
-            &failure.message,
-            &state.ctx.clock,
-        )
-        .await;
-        // Karpenter semantics: a NodeClaim whose launch failed is deleted and provisioning
-        // tries again; its Release finds the host already released (fenced by UID).
-        let _ = state
-            .ctx
-            .cluster
-            .delete::<NodeClaim>(
-                None,
-                &claim.name,
-                Some(crate::k8s::Precondition {
-                    uid: Some(claim.uid.clone()),
-                    resource_version: None,
-                }),
-            )
-            .await;
-    }
 }
 
 /// Write the launch result onto the NodeClaim: provider ID, capacity, allocatable, labels and

@@ -2,6 +2,8 @@
 //! probes, launches and releases, so no second operation can start on a host while a phase is
 //! in flight. State lives in the API; a restarted actor rebuilds from the SSHHost object.
 
+pub mod backoff;
+pub mod failure;
 pub mod launch;
 pub mod phases;
 pub mod probe;
@@ -41,6 +43,11 @@ pub enum HostMsg {
     NodeSeen(Box<Node>),
     /// Adopt mode: the Node of this claim should have appeared by now (S21).
     AdoptDeadline(ClaimRef),
+    /// The launch backoff in the host's status may have run out (S63).
+    BackoffDue,
+    /// A key Secret of this host changed: reset a launch backoff recorded against its old
+    /// version, re-read the key and probe now (S63, re-probe on Secret change).
+    SecretChanged,
 }
 
 /// The resourceVersion of the newest SSHHost a host actor holds. Only the actor writes it;
@@ -182,10 +189,12 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
         self.host.state()
     }
 
-    /// A spec edit (S4) or a maintenance annotation flip (S7) is acted on at once.
+    /// A spec edit (S4), a maintenance annotation flip (S7) or a probe asked for with the
+    /// probe annotation is acted on at once.
     fn needs_probe_now(&self, old: &SSHHost) -> bool {
         old.metadata.generation != self.host.metadata.generation
             || old.in_maintenance() != self.host.in_maintenance()
+            || old.probe_requested() != self.host.probe_requested()
     }
 }
 
@@ -206,7 +215,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         let myself = myself.clone();
         let host = ctx.hosts.share(host);
         seen.publish(crate::actors::context::rv(&host));
-        Ok(HostActorState {
+        let state = HostActorState {
             ctx,
             name,
             host,
@@ -219,7 +228,10 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             orphan_node: None,
             lifecycle: None,
             launch_slot: None,
-        })
+        };
+        // A backoff recorded before a restart runs out on time (the probe clears it too).
+        backoff::arm(&state);
+        Ok(state)
     }
 
     async fn post_stop(
@@ -247,9 +259,26 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             HostMsg::Observed(host) => {
                 let old = state.host.clone();
                 state.observe(host);
+                if old.metadata.generation != state.host.metadata.generation
+                    && let Err(e) = backoff::reset(state, "the host's spec changed").await
+                {
+                    tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
+                }
                 if state.needs_probe_now(&old) {
                     Box::pin(probe::run(&myself, state)).await;
                 }
+            }
+            HostMsg::BackoffDue => {
+                if let Err(e) = backoff::expire(state).await {
+                    tracing::warn!(host = %state.key(), error = %e, "launch backoff not cleared; the next probe retries");
+                }
+            }
+            HostMsg::SecretChanged => {
+                if let Err(e) = backoff::secret_changed(state).await {
+                    tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
+                }
+                state.forget_target();
+                Box::pin(probe::run(&myself, state)).await;
             }
             HostMsg::Probe => Box::pin(probe::run(&myself, state)).await,
             HostMsg::ProbeDue(ticket) => {
@@ -258,7 +287,15 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
                 }
             }
             HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,
-            HostMsg::Release(claim) => Box::pin(release::run(state, &claim)).await,
+            HostMsg::Release(claim) => {
+                let unregistered = failure::unregistered_claim(state, &claim).await;
+                Box::pin(release::run(state, &claim)).await;
+                if let Some(nc) = unregistered
+                    && state.host.claim() != Some(&claim)
+                {
+                    Box::pin(failure::registration_failed(state, &claim, &nc)).await;
+                }
+            }
             HostMsg::NodeSeen(node) => Box::pin(registration::node_seen(state, &node)).await,
             HostMsg::AdoptDeadline(claim) => Box::pin(launch::adopt_deadline(state, &claim)).await,
         }

@@ -8,7 +8,7 @@ use crate::profile::phase::{
     render_phase,
 };
 use crate::profile::verified::VerifiedPolicy;
-use crate::ssh::{HostTarget, RemoteCommand, Transport};
+use crate::ssh::{CommandOutput, HostTarget, RemoteCommand, Transport};
 use crate::telemetry::lifecycle::millis;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -16,15 +16,20 @@ use tracing::field::Empty;
 use super::HostActorState;
 use crate::actors::metrics::{InFlight, PhaseLabels};
 
-/// Bytes of stderr kept (after redaction) in a failure message.
-const STDERR_TAIL: usize = 2048;
+/// Bytes of a failed script's output kept (after redaction) in a failure message: its end,
+/// where the cause is (S64). Events and status stay well under Kubernetes' size limits.
+pub const OUTPUT_TAIL: usize = 1536;
 
 /// Why a phase did not succeed. `message` is already redacted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PhaseFailure {
     pub message: String,
     /// False when nothing reached the host (rendering or configuration error).
     pub touched_host: bool,
+    /// The phase that failed, when one ran (S64).
+    pub phase: Option<Phase>,
+    /// Its exit status, when it ran to an exit.
+    pub exit_status: Option<u32>,
 }
 
 impl PhaseFailure {
@@ -32,7 +37,38 @@ impl PhaseFailure {
         PhaseFailure {
             message: message.into(),
             touched_host: false,
+            ..PhaseFailure::default()
         }
+    }
+
+    /// A failure after the host was touched that is not a script's exit (an API error).
+    pub fn touched(message: impl Into<String>) -> Self {
+        PhaseFailure {
+            message: message.into(),
+            touched_host: true,
+            ..PhaseFailure::default()
+        }
+    }
+}
+
+/// The end of a failed script's output, redacted before it is cut (S35, S64): stderr, where
+/// scripts under `set -e` and package managers put the cause, else stdout.
+pub fn output_tail(redactor: &crate::profile::redact::Redactor, out: &CommandOutput) -> String {
+    let (stream, dropped) = if out.stderr.iter().any(|b| !b.is_ascii_whitespace()) {
+        (&out.stderr, out.stderr_dropped)
+    } else {
+        (&out.stdout, out.stdout_dropped)
+    };
+    // The transport kept the stream's end; a secret cut where it dropped the beginning is
+    // redacted too (tail_output), before the tail is taken.
+    let tail = redactor.tail_output(stream, dropped, OUTPUT_TAIL);
+    let tail = tail.trim();
+    // Start on a line of its own when the cut fell inside one.
+    let cut = stream.len() > OUTPUT_TAIL || dropped > 0;
+    match (cut, tail.find('\n')) {
+        (true, Some(i)) if i + 1 < tail.len() => format!("…\n{}", &tail[i + 1..]),
+        (true, _) => format!("…{tail}"),
+        (false, _) => tail.to_string(),
     }
 }
 
@@ -195,23 +231,29 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
     let out = result.map_err(|e| PhaseFailure {
         message: redactor.redact(&e.to_string()),
         touched_host: e.touched_host(),
+        phase: Some(phase),
+        exit_status: None,
     })?;
     if out.success() {
+        tracing::info!(host = %state.key(), phase = phase.as_str(), duration_ms = millis(started), "phase succeeded");
         return Ok(());
     }
-    let tail = redactor.tail_output(&out.stderr, out.stderr_dropped, STDERR_TAIL);
+    let tail = output_tail(&redactor, &out);
     let meaning = match state.host.spec.exec_mode {
         ExecMode::Verified => format!(" ({})", super::verified::describe_exit(out.exit_status)),
         ExecMode::Raw => String::new(),
     };
+    let message = format!(
+        "{}: {phase} exited with status {}{meaning}; its output ends: {tail}",
+        state.key(),
+        out.exit_status,
+    );
+    tracing::info!(host = %state.key(), phase = phase.as_str(), exit_status = out.exit_status, "phase failed");
     Err(PhaseFailure {
-        message: format!(
-            "{}: {phase} exited with status {}{meaning}: {}",
-            state.key(),
-            out.exit_status,
-            tail.trim()
-        ),
+        message,
         touched_host: true,
+        phase: Some(phase),
+        exit_status: Some(out.exit_status),
     })
 }
 

@@ -103,6 +103,7 @@ async fn probe_once<C: Cluster, T: Transport>(
     if handle_maintenance(state).await? {
         return Ok(());
     }
+    super::backoff::expire(state).await?;
     match state.state() {
         // A zombie leave was cut short (crash, restart): finish it.
         HostState::Leaving => return Box::pin(registration::zombie_leave(state)).await,

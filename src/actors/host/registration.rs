@@ -172,6 +172,9 @@ async fn try_node_seen<C: Cluster, T: Transport>(
         s.state = HostState::InUse;
         s.provider_id = Some(provider_id.clone());
         s.bootstrap_token_id = None;
+        // S63: a launch whose Node registered ends the host's launch backoff.
+        s.launch_backoff = None;
+        s.last_launch_failure = None;
     })
     .await?;
     state
@@ -380,10 +383,7 @@ async fn leave_before_join<C: Cluster, T: Transport>(
 
 /// An API error after the host was touched.
 fn touched(e: ClusterError) -> PhaseFailure {
-    PhaseFailure {
-        message: e.to_string(),
-        touched_host: true,
-    }
+    PhaseFailure::touched(e.to_string())
 }
 
 fn zombie_action<C: Cluster, T: Transport>(state: &HostActorState<C, T>, action: &str) {

@@ -142,8 +142,12 @@ pub fn usable(host: &SSHHost) -> bool {
         && capacity_of(host, "memory").is_some_and(|m| m > 0)
 }
 
+/// Available, not in maintenance, unclaimed and not backing off after failed launches (S63).
 pub fn claimable(host: &SSHHost) -> bool {
-    host.state() == HostState::Available && !host.in_maintenance() && host.claim().is_none()
+    host.state() == HostState::Available
+        && !host.in_maintenance()
+        && host.claim().is_none()
+        && !host.backing_off()
 }
 
 /// The instance type `host` belongs to: its class, or `<class>-<arch>` when the class was split.

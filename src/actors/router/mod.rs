@@ -303,11 +303,12 @@ async fn terminate<C: Cluster, T: Transport>(
     let name = nc.metadata.name.clone().unwrap_or_default();
     let uid = nc.metadata.uid.clone().unwrap_or_default();
     if let Some(host) = holder(&state.ctx, nc) {
-        // S40: leave only after the drain (the karpenter layer marks the NodeClaim drained);
-        // a Node that never registered has nothing to drain, and a drain stuck past the
-        // termination grace period does not hold the host forever.
+        // S40/S44: leave only after the drain (the karpenter layer marks the NodeClaim
+        // drained, also when its terminationGracePeriod ran out); a Node that never registered
+        // has nothing to drain. Without a grace period a drain blocked by a PDB or a
+        // do-not-disrupt pod holds the host for as long as it takes, as in core.
         let drain_pending = !drained(nc)
-            && !grace_expired(nc, &state.ctx.clock)
+            && !deadline_passed(nc, &state.ctx.clock)
             && state.ctx.cluster.get::<Node>(None, &name).await?.is_some();
         if drain_pending {
             state.waiting.insert(name);
@@ -334,16 +335,12 @@ fn drained(nc: &NodeClaim) -> bool {
         .is_some_and(|a| a.contains_key(crate::karpenter::DRAINED_ANNOTATION))
 }
 
-/// Deletion older than the NodeClaim's terminationGracePeriod (15 minutes when unset).
-fn grace_expired(nc: &NodeClaim, clock: &crate::clock::Clock) -> bool {
-    let grace = nc
-        .spec
-        .termination_grace_period
-        .as_deref()
-        .and_then(crate::profile::validate::parse_timeout)
-        .unwrap_or(Duration::from_secs(15 * 60));
-    nc.metadata
-        .deletion_timestamp
-        .as_ref()
-        .is_some_and(|t| clock.since(t.0) >= grace)
+/// The deadline recorded on the claim (`karpenter.sh/nodeclaim-termination-timestamp`, from
+/// its terminationGracePeriod) has passed. The karpenter layer marks such a claim drained
+/// itself; this also holds when that layer is not running.
+fn deadline_passed(nc: &NodeClaim, clock: &crate::clock::Clock) -> bool {
+    match crate::karpenter::termination::deadline::recorded(nc) {
+        crate::karpenter::termination::deadline::Recorded::At(t) => clock.now() >= t,
+        _ => false,
+    }
 }

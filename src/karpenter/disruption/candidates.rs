@@ -10,11 +10,12 @@ use super::super::scheduling::PodInfo;
 use super::super::state::Inner;
 use super::super::termination::{is_marked, parse_duration};
 use super::super::{nodepool_hash, pods};
+use super::blockers::{Pdbs, blocker};
 use super::consolidation::pods_by_node;
 use super::{Reason, replacement};
 use crate::actors::Context;
 use crate::actors::drift::drift;
-use crate::api::karpenter::DO_NOT_DISRUPT_ANNOTATION;
+use crate::actors::router::requirements;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::Cluster;
 use crate::ssh::Transport;
@@ -40,6 +41,14 @@ pub(super) struct Candidate {
     pub node: Node,
     pub reason: Reason,
     pub pods: usize,
+}
+
+/// A node that would be disrupted for `reason`, were it not for `why`.
+pub(super) struct Blocked {
+    pub claim: NodeClaim,
+    pub node: Node,
+    pub reason: Reason,
+    pub why: String,
 }
 
 /// What a NodePool's disruption settings and its node class say, read once per round.
@@ -89,6 +98,8 @@ pub(super) struct PoolView {
     /// Claims being deleted, marked or waiting for their replacement.
     pub disrupting: i64,
     pub candidates: Vec<Candidate>,
+    /// Nodes that would be disrupted but for a blocker (do-not-disrupt, a PDB).
+    pub blocked: Vec<Blocked>,
     /// Unschedulable pending pods.
     pub pending: Vec<PodInfo>,
 }
@@ -99,6 +110,7 @@ pub(super) fn collect<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     st: &Inner,
     s: &PoolSettings<'_>,
+    pdbs: &mut Pdbs<'_>,
 ) -> PoolView {
     let pool_name = s.pool.metadata.name.clone().unwrap_or_default();
     let pending: Vec<PodInfo> = st
@@ -127,13 +139,13 @@ pub(super) fn collect<C: Cluster, T: Transport>(
         .count() as i64;
     let by_node = pods_by_node(st);
     let mut candidates = vec![];
+    let mut blocked = vec![];
     for nc in mine {
         if nc.metadata.deletion_timestamp.is_some()
             || is_marked(nc)
             || replacement::replaced_by(nc).is_some()
             || replacement::awaits_pods(st, nc)
             || !condition_true(nc, "Initialized")
-            || annotated(&nc.metadata, DO_NOT_DISRUPT_ANNOTATION)
         {
             continue;
         }
@@ -143,25 +155,7 @@ pub(super) fn collect<C: Cluster, T: Transport>(
             .get(node_name.as_str())
             .map(Vec::as_slice)
             .unwrap_or(&[]);
-        if annotated(&node.metadata, DO_NOT_DISRUPT_ANNOTATION)
-            || bound
-                .iter()
-                .any(|p| pods::counts_on_node(p) && pods::do_not_disrupt(p))
-        {
-            continue;
-        }
         let moving = bound.iter().filter(|p| pods::is_reschedulable(p)).count();
-        let age = nc
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or(Duration::ZERO, |t| ctx.clock.since(t.0));
-        let expired = nc
-            .spec
-            .expire_after
-            .as_deref()
-            .and_then(parse_duration)
-            .is_some_and(|e| age >= e);
         let host_marker = nc
             .metadata
             .uid
@@ -173,7 +167,8 @@ pub(super) fn collect<C: Cluster, T: Transport>(
             (Some(c), Some(m)) => drift(nc, &c.spec, host_marker.as_deref(), m).is_some(),
             _ => false,
         };
-        let pool_drift = nodepool_hash::drifted(nc, &s.hash);
+        let pool_drift =
+            nodepool_hash::drifted(nc, &s.hash) || requirements_drifted(s.pool, nc, node);
         let quiet_since = [st.pod_events.get(&node_name).copied(), initialized_at(nc)]
             .into_iter()
             .flatten()
@@ -183,9 +178,8 @@ pub(super) fn collect<C: Cluster, T: Transport>(
             (Some(_), None) => true,
             (None, _) => false,
         };
-        let reason = if expired {
-            Some(Reason::Expired)
-        } else if class_drift || pool_drift {
+        // Expiry is not a candidate's reason: it is forceful ([`super::expiration`]).
+        let reason = if class_drift || pool_drift {
             Some(Reason::Drifted)
         } else if quiet && moving == 0 {
             Some(Reason::Empty)
@@ -194,14 +188,23 @@ pub(super) fn collect<C: Cluster, T: Transport>(
         } else {
             None
         };
-        if let Some(reason) = reason {
-            candidates.push(Candidate {
+        let Some(reason) = reason else { continue };
+        // Checked only for nodes that would be disrupted: the PDB arithmetic is not free.
+        if let Some(why) = blocker(st, pdbs, nc, node, bound, reason) {
+            blocked.push(Blocked {
                 claim: nc.clone(),
                 node: node.clone(),
                 reason,
-                pods: moving,
+                why,
             });
+            continue;
         }
+        candidates.push(Candidate {
+            claim: nc.clone(),
+            node: node.clone(),
+            reason,
+            pods: moving,
+        });
     }
     candidates.sort_by(|a, b| {
         a.reason
@@ -213,6 +216,24 @@ pub(super) fn collect<C: Cluster, T: Transport>(
         total,
         disrupting,
         candidates,
+        blocked,
         pending,
     }
+}
+
+/// Core's RequirementsDrifted (S50): the NodePool's requirements no longer admit the labels the
+/// NodeClaim was made with — its labels, the single values its own requirements pin (instance
+/// type, nodepool) and, for keys neither has, its Node's (arch, os, zone as the kubelet set
+/// them). A requirement edit the node still satisfies drifts nothing.
+pub(super) fn requirements_drifted(pool: &NodePool, nc: &NodeClaim, node: &Node) -> bool {
+    let mut labels = node.metadata.labels.clone().unwrap_or_default();
+    for r in &nc.spec.requirements {
+        if r.operator == "In"
+            && let [only] = r.values.as_slice()
+        {
+            labels.insert(r.key.clone(), only.clone());
+        }
+    }
+    labels.extend(nc.metadata.labels.clone().unwrap_or_default());
+    !requirements::all_match(&pool.spec.template.spec.requirements, &labels)
 }

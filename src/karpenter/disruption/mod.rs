@@ -7,22 +7,31 @@
 //! by marking the NodeClaim (annotation + disrupted taint): the termination controller drains
 //! it and deletes it.
 //!
-//! One module per concern: [`candidates`] (who could be disrupted, and why), [`consolidation`]
-//! (the room on other nodes), [`replacement`] (a replacement node first), [`validation`] (the
-//! check just before acting) and [`repair`].
+//! One module per concern: [`candidates`] (who could be disrupted, and why), [`blockers`]
+//! (do-not-disrupt, PodDisruptionBudgets), [`consolidation`] (the room on other nodes),
+//! [`volumes`] (where a pod's volumes let it go), [`replacement`] and [`exchange`] (a
+//! replacement node first), [`validation`] (the check just before acting), [`expiration`] and
+//! [`repair`].
 
+mod blockers;
 mod candidates;
 mod consolidation;
-mod repair;
+mod exchange;
+mod expiration;
+pub mod repair;
 pub mod replacement;
 mod validation;
+mod volumes;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use super::state::ClusterState;
+use super::state::{ClusterState, Inner};
 use super::termination::taint_node;
 use super::{DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets};
 use crate::actors::Context;
@@ -31,11 +40,14 @@ use crate::api::{NodeClaim, NodePool, SSHJoinProfile, SSHNodeClass};
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 
-pub use consolidation::{Elsewhere, fits_elsewhere};
+pub use blockers::DISRUPTION_BLOCKED;
+pub use consolidation::{Elsewhere, Plan, fits_elsewhere, moving_pods};
+pub use exchange::{REPLACEMENT_TIMED_OUT, REPLACEMENT_TIMEOUT};
 
+use blockers::Pdbs;
 use candidates::{PoolSettings, PoolView};
-use replacement::{finish_replacements, replace_first};
-use validation::validate;
+use validation::{Decision, Verdict, validate};
+use volumes::VolumeAffinity;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reason {
@@ -62,135 +74,265 @@ pub fn spawn<C: Cluster, T: Transport>(
     cfg: KarpenterConfig,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut d = Disrupter::default();
         loop {
             tokio::time::sleep(cfg.disruption_interval).await;
-            if let Err(e) = run_once(&ctx, &state, &cfg).await {
+            if let Err(e) = d.round(&ctx, &state, &cfg).await {
                 tracing::warn!(error = %e, "disruption round failed");
             }
         }
     })
 }
 
-/// One evaluation of every NodePool of ours.
-#[tracing::instrument(skip_all)]
+/// How often an event that a round would repeat (a candidate blocked, repair held back) is
+/// recorded again while nothing about it changes.
+const NOTICE_REPEAT: Duration = Duration::from_secs(10 * 60);
+
+/// Events that every round would record again while a situation lasts: recorded once per
+/// NodeClaim, reason and message, then again only after [`NOTICE_REPEAT`].
+#[derive(Debug, Default)]
+pub struct Notices {
+    last: BTreeMap<(String, String), (String, Timestamp)>,
+}
+
+impl Notices {
+    /// Whether to record `message` with `reason` about `claim` now (and note that it was).
+    pub fn due(&mut self, claim: &str, reason: &str, message: &str, now: Timestamp) -> bool {
+        let key = (claim.to_string(), reason.to_string());
+        let repeat = jiff::SignedDuration::try_from(NOTICE_REPEAT).unwrap_or_default();
+        let due = self
+            .last
+            .get(&key)
+            .is_none_or(|(m, at)| m != message || now.duration_since(*at) >= repeat);
+        if due {
+            self.last.insert(key, (message.to_string(), now));
+        }
+        due
+    }
+
+    /// Forget the NodeClaims that are gone.
+    fn prune(&mut self, st: &Inner) {
+        self.last
+            .retain(|(claim, _), _| st.nodeclaims.contains_key(claim));
+    }
+}
+
+/// The disruption controller's memory between rounds.
+#[derive(Debug, Default)]
+pub struct Disrupter {
+    notices: Notices,
+    volumes: VolumeAffinity,
+}
+
+/// What one round works with, built at the first need and shared by every NodePool's turn, so
+/// that what one pool's disruptions take is seen by the next.
+#[derive(Default)]
+struct Round {
+    elsewhere: Option<Elsewhere>,
+}
+
+impl Round {
+    fn elsewhere(&mut self, state: &ClusterState) -> &mut Elsewhere {
+        self.elsewhere
+            .get_or_insert_with(|| Elsewhere::new(&state.read()))
+    }
+}
+
+impl Disrupter {
+    /// One evaluation: repair, expiry, then every NodePool of ours.
+    #[tracing::instrument(skip_all)]
+    pub async fn round<C: Cluster, T: Transport>(
+        &mut self,
+        ctx: &Context<C, T>,
+        state: &ClusterState,
+        cfg: &KarpenterConfig,
+    ) -> Result<Vec<(String, Reason)>, KarpenterError> {
+        let now = ctx.clock.now();
+        self.notices.prune(&state.read());
+        repair::repair(ctx, state, cfg, &mut self.notices).await?;
+        let mut done = expiration::expire(ctx, state).await?;
+        let pools: Vec<NodePool> = state.read().nodepools.values().cloned().collect();
+        let mut round = Round::default();
+        for pool in pools {
+            done.extend(
+                self.disrupt_pool(ctx, state, &pool, now, &mut round)
+                    .await?,
+            );
+        }
+        Ok(done)
+    }
+
+    /// Tell why a node that would be disrupted is not (once per situation).
+    async fn tell_blocked<C: Cluster, T: Transport>(
+        &mut self,
+        ctx: &Context<C, T>,
+        claim: &NodeClaim,
+        node: Option<&Node>,
+        reason: Reason,
+        why: &str,
+    ) {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let msg = format!(
+            "not disrupting NodeClaim {name} ({}): {why}",
+            reason.as_str()
+        );
+        if !self
+            .notices
+            .due(&name, DISRUPTION_BLOCKED, &msg, ctx.clock.now())
+        {
+            return;
+        }
+        tracing::info!(nodeclaim = %name, reason = reason.as_str(), %why, "disruption blocked");
+        events::record(
+            &ctx.cluster,
+            claim,
+            EventType::Normal,
+            DISRUPTION_BLOCKED,
+            msg.clone(),
+        )
+        .await;
+        if let Some(node) = node {
+            events::record(
+                &ctx.cluster,
+                node,
+                EventType::Normal,
+                DISRUPTION_BLOCKED,
+                msg,
+            )
+            .await;
+        }
+    }
+
+    async fn disrupt_pool<C: Cluster, T: Transport>(
+        &mut self,
+        ctx: &Context<C, T>,
+        state: &ClusterState,
+        pool: &NodePool,
+        now: Timestamp,
+        round: &mut Round,
+    ) -> Result<Vec<(String, Reason)>, KarpenterError> {
+        let class_name = &pool.spec.template.spec.node_class_ref.name;
+        let class = ctx.cluster.get::<SSHNodeClass>(None, class_name).await?;
+        let marker = match &class {
+            Some(c) => ctx
+                .cluster
+                .get::<SSHJoinProfile>(None, &c.spec.join_profile_ref.name)
+                .await?
+                .map(|p| p.marker()),
+            None => None,
+        };
+        let settings = PoolSettings::new(pool, class.as_ref(), marker.as_deref());
+        let mut done = exchange::finish(ctx, state, pool, now, &mut self.notices).await?;
+        let PoolView {
+            total,
+            mut disrupting,
+            candidates,
+            blocked,
+            pending,
+        } = {
+            let st = state.read();
+            let mut pdbs = Pdbs::new(&st);
+            candidates::collect(ctx, &st, &settings, &mut pdbs)
+        };
+        for b in &blocked {
+            self.tell_blocked(ctx, &b.claim, Some(&b.node), b.reason, &b.why)
+                .await;
+        }
+        let mut underutilized_done = false;
+        // Priced once per round, at the first candidate that could only be replaced.
+        let mut replacer: Option<Option<replacement::Replacer>> = None;
+        for c in candidates {
+            let budget_reason = match c.reason {
+                Reason::Expired | Reason::Drifted => "Drifted",
+                Reason::Empty => "Empty",
+                Reason::Underutilized => "Underutilized",
+            };
+            if disrupting >= budgets::allowed(pool, budget_reason, total, now) {
+                continue;
+            }
+            // One consolidation move per round.
+            if c.reason == Reason::Underutilized && underutilized_done {
+                continue;
+            }
+            let node_name = c.node.metadata.name.clone().unwrap_or_default();
+            let voluntary = matches!(c.reason, Reason::Empty | Reason::Underutilized);
+            if voluntary
+                && round
+                    .elsewhere(state)
+                    .wanted_by_pending(&pending, &node_name)
+            {
+                continue;
+            }
+            // Where its pods would go (S47, S48): on the other nodes, in the room left by
+            // pending pods, draining nodes and this round's decisions.
+            let mut moving = moving_pods(&state.read(), &node_name);
+            self.volumes.resolve(ctx, &mut moving).await?;
+            let plan = round.elsewhere(state).plan(&node_name, &moving);
+            let Some(plan) = plan else {
+                // No room on the nodes there are: a replacement first (S38 cheaper, S50 for a
+                // drifted node), or the node stays.
+                let started = match &class {
+                    Some(class) => {
+                        exchange::start(ctx, state, pool, class, &c, &moving, &mut replacer).await?
+                    }
+                    None => exchange::Started::NoRoom,
+                };
+                match started {
+                    exchange::Started::Launched => {
+                        round.elsewhere(state).forget(&node_name);
+                        disrupting += 1;
+                        underutilized_done |= c.reason == Reason::Underutilized;
+                    }
+                    exchange::Started::NoRoom if c.reason == Reason::Drifted => {
+                        let why = "its pods fit on no other node and no free host of the \
+                                   NodePool's instance types can take them within its limits";
+                        self.tell_blocked(ctx, &c.claim, Some(&c.node), c.reason, why)
+                            .await;
+                    }
+                    exchange::Started::Blocked(why) => {
+                        self.tell_blocked(ctx, &c.claim, Some(&c.node), c.reason, &why)
+                            .await;
+                    }
+                    exchange::Started::NoRoom | exchange::Started::Changed => {}
+                }
+                continue;
+            };
+            let decision = Decision {
+                claim: &c.claim,
+                node_name: &node_name,
+                reason: c.reason,
+                replaced: false,
+            };
+            match validate(ctx, state, &decision).await? {
+                Verdict::Go => {}
+                Verdict::Changed => continue,
+                Verdict::Blocked(why) => {
+                    self.tell_blocked(ctx, &c.claim, Some(&c.node), c.reason, &why)
+                        .await;
+                    continue;
+                }
+            }
+            let name = c.claim.metadata.name.clone().unwrap_or_default();
+            if !mark(ctx, state, &c.claim, &c.node, c.reason, None).await? {
+                continue;
+            }
+            round.elsewhere(state).commit(plan);
+            disrupting += 1;
+            underutilized_done |= c.reason == Reason::Underutilized;
+            done.push((name, c.reason));
+        }
+        Ok(done)
+    }
+}
+
+/// One evaluation of every NodePool of ours, by a disruption controller without memory (its
+/// events are not deduplicated against earlier rounds).
 pub async fn run_once<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     state: &ClusterState,
     cfg: &KarpenterConfig,
 ) -> Result<Vec<(String, Reason)>, KarpenterError> {
-    let now = ctx.clock.now();
-    repair::repair(ctx, state, cfg).await?;
-    let pools: Vec<NodePool> = state.read().nodepools.values().cloned().collect();
-    let mut done = vec![];
-    for pool in pools {
-        done.extend(disrupt_pool(ctx, state, &pool, now).await?);
-    }
-    Ok(done)
-}
-
-async fn disrupt_pool<C: Cluster, T: Transport>(
-    ctx: &Context<C, T>,
-    state: &ClusterState,
-    pool: &NodePool,
-    now: Timestamp,
-) -> Result<Vec<(String, Reason)>, KarpenterError> {
-    let pool_name = pool.metadata.name.clone().unwrap_or_default();
-    let class_name = &pool.spec.template.spec.node_class_ref.name;
-    let class = ctx.cluster.get::<SSHNodeClass>(None, class_name).await?;
-    let marker = match &class {
-        Some(c) => ctx
-            .cluster
-            .get::<SSHJoinProfile>(None, &c.spec.join_profile_ref.name)
-            .await?
-            .map(|p| p.marker()),
-        None => None,
-    };
-    let settings = PoolSettings::new(pool, class.as_ref(), marker.as_deref());
-    let mut done = finish_replacements(ctx, state, &pool_name).await?;
-    let PoolView {
-        total,
-        mut disrupting,
-        candidates,
-        pending,
-    } = candidates::collect(ctx, &state.read(), &settings);
-    let mut underutilized_done = false;
-    // Built at the first check that needs it; nodes marked after that are forgotten in it.
-    let mut elsewhere: Option<Elsewhere> = None;
-    // Priced once per round, at the first candidate that could only be replaced.
-    let mut replacer: Option<Option<replacement::Replacer>> = None;
-    for c in candidates {
-        let budget_reason = match c.reason {
-            Reason::Expired | Reason::Drifted => "Drifted",
-            Reason::Empty => "Empty",
-            Reason::Underutilized => "Underutilized",
-        };
-        let allowed = budgets::allowed(pool, budget_reason, total, now);
-        if disrupting >= allowed {
-            continue;
-        }
-        let node_name = c.node.metadata.name.clone().unwrap_or_default();
-        let voluntary = matches!(c.reason, Reason::Empty | Reason::Underutilized);
-        if voluntary && !pending.is_empty() {
-            let wanted = {
-                let st = state.read();
-                elsewhere
-                    .get_or_insert_with(|| Elsewhere::new(&st))
-                    .wanted_by_pending(&pending, &node_name)
-            };
-            if wanted {
-                continue;
-            }
-        }
-        if c.reason == Reason::Underutilized {
-            // One consolidation move per round; its pods must all fit on the other nodes.
-            if underutilized_done {
-                continue;
-            }
-            let fits = {
-                let st = state.read();
-                elsewhere
-                    .get_or_insert_with(|| Elsewhere::new(&st))
-                    .fits(&st, &node_name)
-            };
-            if !fits {
-                if let Some(class) = &class
-                    && replace_first(ctx, state, pool, class, &c, &mut replacer).await?
-                {
-                    underutilized_done = true;
-                    disrupting += 1;
-                }
-                continue;
-            }
-        }
-        // Drift is graceful as upstream: replacement first. Expiry is forceful (upstream does not
-        // wait for a replacement either).
-        if c.reason == Reason::Drifted
-            && c.pods > 0
-            && let Some(class) = &class
-            && replace_first(ctx, state, pool, class, &c, &mut replacer).await?
-        {
-            disrupting += 1;
-            continue;
-        }
-        // Expired, or no host for a replacement, or nothing to move: disrupt now; the pods go
-        // pending and provisioning finds them room when there is some.
-        if !validate(ctx, state, &c).await? {
-            continue;
-        }
-        let name = c.claim.metadata.name.clone().unwrap_or_default();
-        if !mark(ctx, state, &c.claim, &c.node, c.reason, None).await? {
-            continue;
-        }
-        if let Some(e) = elsewhere.as_mut() {
-            e.forget(&node_name);
-        }
-        disrupting += 1;
-        if c.reason == Reason::Underutilized {
-            underutilized_done = true;
-        }
-        done.push((name, c.reason));
-    }
-    Ok(done)
+    Disrupter::default().round(ctx, state, cfg).await
 }
 
 /// Mark a NodeClaim for disruption (CAS on its resourceVersion), taint its Node, tell. False

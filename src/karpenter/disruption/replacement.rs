@@ -5,29 +5,23 @@
 //! the exchange survives a controller restart and is given up when the replacement goes away.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde_json::json;
 
+use super::super::KarpenterError;
 use super::super::lifecycle::condition_true;
 use super::super::provisioning::pack::{capacity_with_node, pool_usage, within_limits};
 use super::super::provisioning::{
     NewClaim, PoolOffer, build_claim, claim_name, claim_type, unheld_per_type,
 };
-use super::super::scheduling::{PodInfo, SimNode, sort_pods};
+use super::super::scheduling::{PodInfo, SimNode};
 use super::super::state::{ClusterState, Inner};
-use super::super::termination::is_marked;
-use super::super::{KarpenterError, pods};
-use super::candidates::Candidate;
-use super::validation::validate;
-use super::{Reason, mark};
 use crate::actors::Context;
 use crate::actors::events;
 use crate::actors::router::instance_types::instance_types;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
-use k8s_openapi::api::core::v1::Node;
 
 /// On the NodeClaim being replaced: the name of its replacement.
 pub const REPLACED_BY_ANNOTATION: &str = "karpenter.dklesev.github.io/replaced-by";
@@ -66,8 +60,8 @@ pub fn awaits_pods(st: &Inner, nc: &NodeClaim) -> bool {
 pub enum Progress {
     /// The replacement is Initialized: the old claim may be disrupted now.
     Ready(String),
-    /// Still launching.
-    Waiting,
+    /// Still launching: the replacement's name and creation time.
+    Waiting(String, Option<jiff::Timestamp>),
     /// The replacement is gone or being deleted: the exchange is off.
     Abandoned,
 }
@@ -77,7 +71,10 @@ pub fn progress(st: &Inner, old: &NodeClaim) -> Option<Progress> {
     Some(match st.nodeclaims.get(name) {
         Some(r) if r.metadata.deletion_timestamp.is_some() => Progress::Abandoned,
         Some(r) if condition_true(r, "Initialized") => Progress::Ready(name.to_string()),
-        Some(_) => Progress::Waiting,
+        Some(r) => Progress::Waiting(
+            name.to_string(),
+            r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        ),
         None => Progress::Abandoned,
     })
 }
@@ -128,15 +125,19 @@ impl Replacer {
         }
     }
 
-    /// One node of the cheapest instance type with a claimable host that takes every pod `node`
-    /// would have to give up; `cheaper` asks for a type cheaper than the claim's own.
+    /// One node of the cheapest instance type with a claimable host that takes every pod the
+    /// claim's node would have to give up (`moving`, largest first); `cheaper` asks for a type
+    /// cheaper than the claim's own. None also when a pod has a constraint this layer cannot
+    /// check (it keeps its node).
     pub fn node_for(
         &self,
-        st: &Inner,
         claim: &NodeClaim,
-        node: &str,
+        moving: &[PodInfo],
         cheaper: bool,
     ) -> Option<NewClaim> {
+        if moving.is_empty() || moving.iter().any(|p| p.unsupported.is_some()) {
+            return None;
+        }
         let current = claim_type(claim).unwrap_or_default();
         let price = match self.offer.types.iter().find(|t| t.name == current) {
             Some(t) => t.price,
@@ -154,15 +155,6 @@ impl Replacer {
         if choices.is_empty() {
             return None;
         }
-        let mut moving: Vec<PodInfo> = st
-            .pods_on(node)
-            .filter(|p| pods::is_reschedulable(p))
-            .map(PodInfo::new)
-            .collect();
-        if moving.is_empty() {
-            return None;
-        }
-        sort_pods(&mut moving);
         choices.sort_by(|a, b| {
             a.it.price
                 .total_cmp(&b.it.price)
@@ -175,7 +167,7 @@ impl Replacer {
                 allocatable: c.avail.clone(),
                 ..Default::default()
             };
-            for p in &moving {
+            for p in moving {
                 if !sim.fits(p) {
                     return None;
                 }
@@ -199,6 +191,7 @@ impl Replacer {
 /// replacement's name, or None when `old` changed meanwhile (nothing was left behind).
 pub async fn launch<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
+    state: &ClusterState,
     pool: &NodePool,
     old: &NodeClaim,
     new: &NewClaim,
@@ -214,6 +207,7 @@ pub async fn launch<C: Cluster, T: Transport>(
         .insert(REPLACEMENT_FOR_ANNOTATION.into(), old_name.clone());
     let created = ctx.cluster.create(&claim).await?;
     let name = created.metadata.name.clone().unwrap_or_default();
+    state.observe_claim(created);
     let patch = json!({"metadata": {
         "resourceVersion": old.metadata.resource_version,
         "annotations": {REPLACED_BY_ANNOTATION: name, REPLACEMENT_REASON_ANNOTATION: why},
@@ -223,7 +217,8 @@ pub async fn launch<C: Cluster, T: Transport>(
         .patch::<NodeClaim>(None, &old_name, &patch)
         .await
     {
-        Ok(_) => {}
+        // Seen at once, so that no later round takes the old claim's cordon for a stale one.
+        Ok(nc) => state.observe_claim(nc),
         Err(e) if e.is_conflict() || e.is_not_found() => {
             // The old claim moved on; the replacement is not needed.
             ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
@@ -253,7 +248,8 @@ pub async fn launch<C: Cluster, T: Transport>(
     Ok(Some(name))
 }
 
-/// Drop the `replaced-by` mark of a claim whose replacement went away.
+/// Drop the `replaced-by` mark of a claim whose exchange is off (its Node must be un-cordoned
+/// first: without the mark, nothing would do it).
 pub async fn abandon<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     old: &NodeClaim,
@@ -268,81 +264,4 @@ pub async fn abandon<C: Cluster, T: Transport>(
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e.into()),
     }
-}
-
-/// Claims of `pool` waiting for a replacement: disrupt those whose replacement is Initialized,
-/// call off those whose replacement went away.
-pub(super) async fn finish_replacements<C: Cluster, T: Transport>(
-    ctx: &Context<C, T>,
-    state: &ClusterState,
-    pool: &str,
-) -> Result<Vec<(String, Reason)>, KarpenterError> {
-    let waiting: Vec<(Arc<NodeClaim>, Option<Node>, Progress)> = {
-        let st = state.read();
-        st.nodeclaims
-            .values()
-            .filter(|nc| nc.nodepool() == Some(pool) && nc.metadata.deletion_timestamp.is_none())
-            .filter(|nc| !is_marked(nc))
-            .filter_map(|nc| {
-                let p = progress(&st, nc)?;
-                Some((nc.clone(), st.node_of(nc).cloned(), p))
-            })
-            .collect()
-    };
-    let mut done = vec![];
-    for (old, node, p) in waiting {
-        let name = old.metadata.name.clone().unwrap_or_default();
-        match (p, node) {
-            (Progress::Ready(by), Some(node)) => {
-                let reason = match reason(&old) {
-                    Some("Expired") => Reason::Expired,
-                    Some("Drifted") => Reason::Drifted,
-                    _ => Reason::Underutilized,
-                };
-                let detail = format!("replaced by NodeClaim {by}");
-                if mark(ctx, state, &old, &node, reason, Some(&detail)).await? {
-                    done.push((name, reason));
-                }
-            }
-            (Progress::Abandoned, _) => abandon(ctx, &old).await?,
-            _ => {}
-        }
-    }
-    Ok(done)
-}
-
-/// Launch a replacement for the candidate's pods (S38: on a cheaper instance type; S39: a
-/// drifted node, on any type with a free host); the candidate is disrupted once the
-/// replacement is Initialized ([`finish_replacements`]). False when no host can take them.
-pub(super) async fn replace_first<C: Cluster, T: Transport>(
-    ctx: &Context<C, T>,
-    state: &ClusterState,
-    pool: &NodePool,
-    class: &SSHNodeClass,
-    c: &Candidate,
-    replacer: &mut Option<Option<Replacer>>,
-) -> Result<bool, KarpenterError> {
-    let cheaper = c.reason == Reason::Underutilized;
-    if replacer.is_none() {
-        *replacer = Some(Replacer::new(ctx, state, pool, class));
-    }
-    let Some(Some(r)) = replacer.as_mut() else {
-        return Ok(false);
-    };
-    let node_name = c.node.metadata.name.clone().unwrap_or_default();
-    let new = {
-        let st = state.read();
-        r.node_for(&st, &c.claim, &node_name, cheaper)
-    };
-    let Some(new) = new else {
-        return Ok(false);
-    };
-    if !validate(ctx, state, c).await? {
-        return Ok(false);
-    }
-    let launched = launch(ctx, pool, &c.claim, &new, c.reason.as_str()).await?;
-    if launched.is_some() {
-        r.reserve(&new.instance_type);
-    }
-    Ok(launched.is_some())
 }

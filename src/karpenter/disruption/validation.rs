@@ -1,53 +1,71 @@
-//! Validation just before a decision is carried out: the API is read again.
+//! Validation at the moment of disruption (S46, S49): the NodeClaim and its Node are read
+//! again from the API, and what could block the disruption is checked again (do-not-disrupt on
+//! the claim, the Node or a pod; a PodDisruptionBudget that allows no eviction now) — a pod or
+//! a budget may have changed since the candidate was chosen, or while a replacement launched.
 
 use k8s_openapi::api::core::v1::Node;
 
 use super::super::state::ClusterState;
 use super::super::termination::is_marked;
 use super::super::{KarpenterError, pods};
-use super::Reason;
-use super::candidates::{Candidate, annotated};
+use super::blockers::{Pdbs, blocker};
+use super::{Reason, replacement};
 use crate::actors::Context;
 use crate::api::NodeClaim;
-use crate::api::karpenter::DO_NOT_DISRUPT_ANNOTATION;
 use crate::k8s::Cluster;
 use crate::ssh::Transport;
 
-/// Re-read the NodeClaim and its Node: still ours to disrupt, still no do-not-disrupt, and an
-/// empty node still empty.
+/// What validation found.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Verdict {
+    /// Still to be disrupted, as decided.
+    Go,
+    /// The claim or its Node changed meanwhile (gone, replaced, being deleted or disrupted, an
+    /// empty node no longer empty): the decision no longer applies; nothing to tell.
+    Changed,
+    /// Something blocks the disruption now; why.
+    Blocked(String),
+}
+
+/// What is being validated.
+pub(super) struct Decision<'a> {
+    pub claim: &'a NodeClaim,
+    pub node_name: &'a str,
+    pub reason: Reason,
+    /// The claim is waiting for its replacement (and must still be); else it must not be.
+    pub replaced: bool,
+}
+
 pub(super) async fn validate<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     state: &ClusterState,
-    c: &Candidate,
-) -> Result<bool, KarpenterError> {
-    let name = c.claim.metadata.name.clone().unwrap_or_default();
+    d: &Decision<'_>,
+) -> Result<Verdict, KarpenterError> {
+    let name = d.claim.metadata.name.clone().unwrap_or_default();
     let Some(fresh) = ctx.cluster.get::<NodeClaim>(None, &name).await? else {
-        return Ok(false);
+        return Ok(Verdict::Changed);
     };
-    if fresh.metadata.uid != c.claim.metadata.uid
+    if fresh.metadata.uid != d.claim.metadata.uid
         || fresh.metadata.deletion_timestamp.is_some()
         || is_marked(&fresh)
-        || annotated(&fresh.metadata, DO_NOT_DISRUPT_ANNOTATION)
+        || replacement::replaced_by(&fresh).is_some() != d.replaced
     {
-        return Ok(false);
+        return Ok(Verdict::Changed);
     }
-    let node_name = c.node.metadata.name.clone().unwrap_or_default();
-    let Some(node) = ctx.cluster.get::<Node>(None, &node_name).await? else {
-        return Ok(false);
+    let Some(node) = ctx.cluster.get::<Node>(None, d.node_name).await? else {
+        return Ok(Verdict::Changed);
     };
-    if annotated(&node.metadata, DO_NOT_DISRUPT_ANNOTATION) {
-        return Ok(false);
+    if node.metadata.deletion_timestamp.is_some() {
+        return Ok(Verdict::Changed);
     }
     let st = state.read();
-    let blocking = st
-        .pods_on(&node_name)
-        .any(|p| pods::counts_on_node(p) && pods::do_not_disrupt(p));
-    let moving = st
-        .pods_on(&node_name)
-        .filter(|p| pods::is_reschedulable(p))
-        .count();
-    if blocking || (c.reason == Reason::Empty && moving > 0) {
-        return Ok(false);
+    let bound: Vec<_> = st.pods_on(d.node_name).collect();
+    let mut pdbs = Pdbs::new(&st);
+    if let Some(why) = blocker(&st, &mut pdbs, &fresh, &node, &bound, d.reason) {
+        return Ok(Verdict::Blocked(why));
     }
-    Ok(true)
+    if d.reason == Reason::Empty && bound.iter().any(|p| pods::is_reschedulable(p)) {
+        return Ok(Verdict::Changed);
+    }
+    Ok(Verdict::Go)
 }

@@ -371,6 +371,23 @@ fn parse_map(
         .collect()
 }
 
+/// The room of an in-flight claim whose instance type is no longer offered to its pool: its
+/// allocatable once known, else what it requested (its pods and daemonset overhead), with its
+/// instance type's pod count.
+fn claimed_room(nc: &NodeClaim, it: Option<&InstanceType>) -> BTreeMap<String, i128> {
+    let mut room = nc
+        .status
+        .as_ref()
+        .map(|s| parse_map(&s.allocatable))
+        .unwrap_or_default();
+    if room.is_empty() {
+        room = parse_map(&nc.spec.resources.requests);
+    }
+    room.entry("pods".into())
+        .or_insert(i128::from(it.map_or(110, |t| t.max_pods)) * 1000);
+    room
+}
+
 /// Our NodeClaims (not being deleted or disrupted) as simulated nodes, with the pods already
 /// bound to their nodes: pending pods that fit there are waiting for them, not for new ones.
 pub fn inflight_nodes(
@@ -450,8 +467,20 @@ pub fn inflight_nodes(
                 }
             }
             None => {
-                let Some(c) = choice else { continue };
-                sim.allocatable = c.avail.clone();
+                sim.allocatable = match choice {
+                    Some(c) => c.avail.clone(),
+                    // S54: its instance type left the pool's offers (its class lost its hosts,
+                    // the pool's requirements changed) while it launches: it still takes the
+                    // pods it was made for. What it asked for is a lower bound of its room.
+                    None => claimed_room(nc, types.get(ty.as_deref().unwrap_or_default())),
+                };
+                for r in &nc.spec.requirements {
+                    if r.operator == "In"
+                        && let [only] = r.values.as_slice()
+                    {
+                        labels.entry(r.key.clone()).or_insert_with(|| only.clone());
+                    }
+                }
             }
         }
         sim.labels = labels;
@@ -516,6 +545,9 @@ mod tests {
             tolerations: vec![],
             anti: vec![],
             spread: vec![],
+            host_ports: vec![],
+            claims: vec![],
+            volume_terms: vec![],
             unsupported: None,
         }
     }

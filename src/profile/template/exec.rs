@@ -1,0 +1,348 @@
+//! Execution: a parsed tree against the data.
+
+use super::Value;
+use super::fmt;
+use super::funcs::{field, go_eq, go_lt};
+use super::parser::{Command, Node, OpKind, Operand, Pipeline};
+
+// ---------------------------------------------------------------------------------------------
+// Execution
+
+pub(super) struct Exec<'a> {
+    pub(super) root: &'a Value,
+    pub(super) vars: Vec<(String, Value)>,
+    pub(super) out: String,
+}
+
+pub(super) type EResult<T> = Result<T, (usize, String)>;
+
+impl Exec<'_> {
+    pub(super) fn nodes(&mut self, nodes: &[Node], dot: &Value) -> EResult<()> {
+        for n in nodes {
+            match n {
+                Node::Text(t) => self.out.push_str(t),
+                Node::Action(p) => {
+                    let v = self.pipeline(p, dot)?;
+                    if p.decl.is_empty() {
+                        fmt::action_text(&v, &mut self.out);
+                    }
+                }
+                Node::If {
+                    branches,
+                    otherwise,
+                } => {
+                    let mark = self.vars.len();
+                    let mut done = false;
+                    for (p, body) in branches {
+                        let v = self.pipeline(p, dot)?;
+                        if v.truthy() {
+                            self.nodes(body, dot)?;
+                            done = true;
+                            break;
+                        }
+                    }
+                    if !done {
+                        self.nodes(otherwise, dot)?;
+                    }
+                    self.vars.truncate(mark);
+                }
+                Node::With {
+                    branches,
+                    otherwise,
+                } => {
+                    let mark = self.vars.len();
+                    let mut done = false;
+                    for (p, body) in branches {
+                        let v = self.pipeline(p, dot)?;
+                        if v.truthy() {
+                            self.nodes(body, &v)?;
+                            done = true;
+                            break;
+                        }
+                    }
+                    if !done {
+                        self.nodes(otherwise, dot)?;
+                    }
+                    self.vars.truncate(mark);
+                }
+                Node::Range {
+                    pipe,
+                    body,
+                    otherwise,
+                } => {
+                    let mark = self.vars.len();
+                    let v = self.eval_cmds(&pipe.cmds, dot)?;
+                    let elems: Vec<(Value, Value)> = match v {
+                        Value::Map(m) => m.into_iter().map(|(k, v)| (Value::Str(k), v)).collect(),
+                        Value::List(l) => l
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, v)| (Value::Int(i64::try_from(i).unwrap_or(i64::MAX)), v))
+                            .collect(),
+                        Value::Nil | Value::NilMap => Vec::new(),
+                        // Go 1.22+: an integer n ranges over 0..n, the element only.
+                        Value::Int(n) => {
+                            if pipe.decl.len() > 1 {
+                                return Err((
+                                    pipe.pos,
+                                    format!("can't use {n} to iterate over more than one variable"),
+                                ));
+                            }
+                            (0..n.max(0)).map(|i| (Value::Nil, Value::Int(i))).collect()
+                        }
+                        other => {
+                            return Err((
+                                pipe.pos,
+                                format!("range can't iterate over {}", other.type_name()),
+                            ));
+                        }
+                    };
+                    if elems.is_empty() {
+                        self.nodes(otherwise, dot)?;
+                    }
+                    for (k, v) in elems {
+                        let iter_mark = self.vars.len();
+                        match pipe.decl.as_slice() {
+                            [] => {}
+                            [(_, x)] => self.vars.push((x.clone(), v.clone())),
+                            [(_, a), (_, b)] => {
+                                self.vars.push((a.clone(), k));
+                                self.vars.push((b.clone(), v.clone()));
+                            }
+                            _ => return Err((pipe.pos, "too many range variables".into())),
+                        }
+                        self.nodes(body, &v)?;
+                        self.vars.truncate(iter_mark);
+                    }
+                    self.vars.truncate(mark);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn pipeline(&mut self, p: &Pipeline, dot: &Value) -> EResult<Value> {
+        let v = self.eval_cmds(&p.cmds, dot)?;
+        if p.assign {
+            for (vpos, name) in &p.decl {
+                let slot = self
+                    .vars
+                    .iter_mut()
+                    .rev()
+                    .find(|(n, _)| n == name)
+                    .ok_or((*vpos, format!("undefined variable \"${name}\"")))?;
+                slot.1 = v.clone();
+            }
+        } else {
+            for (_, name) in &p.decl {
+                self.vars.push((name.clone(), v.clone()));
+            }
+        }
+        Ok(v)
+    }
+
+    fn eval_cmds(&mut self, cmds: &[Command], dot: &Value) -> EResult<Value> {
+        let mut prev: Option<Value> = None;
+        for c in cmds {
+            prev = Some(self.command(c, dot, prev)?);
+        }
+        Ok(prev.unwrap_or(Value::Nil))
+    }
+
+    fn command(&mut self, c: &Command, dot: &Value, piped: Option<Value>) -> EResult<Value> {
+        let first = &c.args[0];
+        if let OpKind::Func(name) = &first.kind {
+            return self.call(name, first.pos, &c.args[1..], dot, piped);
+        }
+        if piped.is_some() {
+            return Err((first.pos, "can't give argument to non-function".into()));
+        }
+        self.operand(first, dot)
+    }
+
+    fn operand(&mut self, a: &Operand, dot: &Value) -> EResult<Value> {
+        let (base, chain) = match &a.kind {
+            OpKind::Dot => return Ok(dot.clone()),
+            OpKind::Str(s) => return Ok(Value::Str(s.clone())),
+            OpKind::Int(n) => return Ok(Value::Int(*n)),
+            OpKind::Bool(b) => return Ok(Value::Bool(*b)),
+            OpKind::Nil => return Err((a.pos, "nil is not a command".into())),
+            OpKind::Func(name) => return self.call(name, a.pos, &[], dot, None),
+            OpKind::Field(chain) => (dot.clone(), chain.as_slice()),
+            OpKind::Var(name, chain) => {
+                let v = if name.is_empty() {
+                    self.root.clone()
+                } else {
+                    self.vars
+                        .iter()
+                        .rev()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, v)| v.clone())
+                        .ok_or((a.pos, format!("undefined variable \"${name}\"")))?
+                };
+                (v, chain.as_slice())
+            }
+            OpKind::Sub(inner, chain) => (self.pipeline(inner, dot)?, chain.as_slice()),
+        };
+        let mut cur = base;
+        for f in chain {
+            cur = field(cur, f).map_err(|m| (a.pos, m))?;
+        }
+        Ok(cur)
+    }
+
+    fn arg(&mut self, a: &Operand, dot: &Value) -> EResult<Value> {
+        if let OpKind::Nil = a.kind {
+            return Ok(Value::Nil);
+        }
+        self.operand(a, dot)
+    }
+
+    fn call(
+        &mut self,
+        name: &str,
+        pos: usize,
+        args: &[Operand],
+        dot: &Value,
+        piped: Option<Value>,
+    ) -> EResult<Value> {
+        let nargs = args.len() + usize::from(piped.is_some());
+        // Short-circuit functions evaluate lazily.
+        if name == "and" || name == "or" {
+            if nargs == 0 {
+                return Err((
+                    pos,
+                    format!("wrong number of args for {name}: want at least 1"),
+                ));
+            }
+            let mut last = Value::Nil;
+            for a in args {
+                last = self.arg(a, dot)?;
+                if last.truthy() != (name == "and") {
+                    return Ok(last);
+                }
+            }
+            if let Some(p) = piped {
+                last = p;
+            }
+            return Ok(last);
+        }
+        let mut vals = Vec::with_capacity(nargs);
+        for a in args {
+            vals.push(self.arg(a, dot)?);
+        }
+        if let Some(p) = piped {
+            vals.push(p);
+        }
+        let want = |n: usize| -> EResult<()> {
+            if vals.len() == n {
+                Ok(())
+            } else {
+                Err((
+                    pos,
+                    format!(
+                        "wrong number of args for {name}: want {n} got {}",
+                        vals.len()
+                    ),
+                ))
+            }
+        };
+        match name {
+            "not" => {
+                want(1)?;
+                Ok(Value::Bool(!vals[0].truthy()))
+            }
+            "len" => {
+                want(1)?;
+                let n = match &vals[0] {
+                    Value::Str(s) => s.len(),
+                    Value::Secret(s) => s.expose().len(),
+                    Value::List(l) => l.len(),
+                    Value::Map(m) => m.len(),
+                    Value::NilMap => 0,
+                    other => {
+                        return Err((pos, format!("len of type {}", other.type_name())));
+                    }
+                };
+                Ok(Value::Int(i64::try_from(n).unwrap_or(i64::MAX)))
+            }
+            "eq" => match vals.split_first() {
+                Some((first, rest)) => go_eq(first, rest).map(Value::Bool).map_err(|m| (pos, m)),
+                None => Err((pos, "wrong number of args for eq: want at least 1".into())),
+            },
+            "ne" | "lt" | "le" | "gt" | "ge" => {
+                want(2)?;
+                let (a, b) = (&vals[0], &vals[1]);
+                let r = match name {
+                    "ne" => go_eq(a, std::slice::from_ref(b)).map(|e| !e),
+                    "lt" => go_lt(a, b),
+                    "le" => go_lt(a, b).and_then(|l| Ok(l || go_eq(a, std::slice::from_ref(b))?)),
+                    "gt" => {
+                        go_lt(a, b).and_then(|l| Ok(!(l || go_eq(a, std::slice::from_ref(b))?)))
+                    }
+                    _ => go_lt(a, b).map(|l| !l),
+                };
+                r.map(Value::Bool).map_err(|m| (pos, m))
+            }
+            "index" => {
+                if vals.is_empty() {
+                    return Err((
+                        pos,
+                        "wrong number of args for index: want at least 1".into(),
+                    ));
+                }
+                let mut cur = vals[0].clone();
+                for k in &vals[1..] {
+                    cur = match (cur, k) {
+                        (Value::NilMap, k) if k.as_str().is_some() => Value::Str(String::new()),
+                        (Value::Map(mut m), k) => {
+                            let key = k.as_str().ok_or((
+                                pos,
+                                format!("cannot index a map with a {}", k.type_name()),
+                            ))?;
+                            m.remove(key).unwrap_or(Value::Str(String::new()))
+                        }
+                        (Value::List(mut l), Value::Int(i)) => {
+                            let idx = usize::try_from(*i)
+                                .ok()
+                                .filter(|i| *i < l.len())
+                                .ok_or((pos, "index out of range".to_string()))?;
+                            l.swap_remove(idx)
+                        }
+                        // A string indexes to its byte (Go's uint8).
+                        (c @ (Value::Str(_) | Value::Secret(_)), Value::Int(i)) => {
+                            let bytes = c.as_str().unwrap_or_default().as_bytes();
+                            let b = usize::try_from(*i)
+                                .ok()
+                                .and_then(|i| bytes.get(i))
+                                .ok_or((pos, "string index out of range".to_string()))?;
+                            Value::Uint8(*b)
+                        }
+                        (c, k) => {
+                            return Err((
+                                pos,
+                                format!(
+                                    "can't index item of type {} with {}",
+                                    c.type_name(),
+                                    k.type_name()
+                                ),
+                            ));
+                        }
+                    };
+                }
+                Ok(cur)
+            }
+            "print" | "println" => Ok(Value::Str(fmt::sprint(&vals, name == "println"))),
+            "printf" => {
+                let Some(format) = vals.first().and_then(Value::as_str) else {
+                    return Err((
+                        pos,
+                        "printf needs a string format as its first argument".into(),
+                    ));
+                };
+                Ok(Value::Str(fmt::sprintf(format, &vals[1..])))
+            }
+            _ => Err((pos, format!("function \"{name}\" not defined"))),
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Field access, comparison and printing.
+
+use super::Value;
+
+pub(super) fn field(v: Value, name: &str) -> Result<Value, String> {
+    match v {
+        Value::Root(fields) => fields
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| format!("can't evaluate field {name} in type *profile.Context")),
+        Value::Map(mut m) => m
+            .remove(name)
+            .ok_or_else(|| format!("map has no entry for key \"{name}\"")),
+        Value::NilMap => Err(format!("map has no entry for key \"{name}\"")),
+        Value::Nil => Err(format!("nil pointer evaluating .{name}")),
+        other => Err(format!(
+            "can't evaluate field {name} in type {}",
+            other.type_name()
+        )),
+    }
+}
+
+/// Go's basic kinds for comparison; everything else (maps, the data, nil) has none.
+#[derive(PartialEq, Eq, Clone, Copy)]
+enum Kind {
+    Bool,
+    Int,
+    Uint,
+    Str,
+    Other,
+}
+
+fn kind(v: &Value) -> Kind {
+    match v {
+        Value::Bool(_) => Kind::Bool,
+        Value::Int(_) => Kind::Int,
+        Value::Uint8(_) => Kind::Uint,
+        Value::Str(_) | Value::Secret(_) => Kind::Str,
+        _ => Kind::Other,
+    }
+}
+
+/// Go's `eq arg1 arg2…`: true when `arg1` equals any of the others. Values of different basic
+/// kinds are an error unless one is nil; maps cannot be compared (unless one side is nil).
+pub(super) fn go_eq(a: &Value, others: &[Value]) -> Result<bool, String> {
+    if others.is_empty() {
+        return Err("missing argument for comparison".into());
+    }
+    for b in others {
+        let (ka, kb) = (kind(a), kind(b));
+        let truth =
+            if let (Value::Int(i), Value::Uint8(u)) | (Value::Uint8(u), Value::Int(i)) = (a, b) {
+                // Go compares signed and unsigned integers by value.
+                *i == i64::from(*u)
+            } else if ka != kb {
+                if !matches!(a, Value::Nil) && !matches!(b, Value::Nil) {
+                    return Err(format!(
+                        "incompatible types for comparison: {} and {}",
+                        a.type_name(),
+                        b.type_name()
+                    ));
+                }
+                false
+            } else {
+                match (a, b) {
+                    (Value::Bool(x), Value::Bool(y)) => x == y,
+                    (Value::Int(x), Value::Int(y)) => x == y,
+                    (Value::Uint8(x), Value::Uint8(y)) => x == y,
+                    _ if ka == Kind::Str => a.as_str() == b.as_str(),
+                    // Both without a basic kind: nil equals only nil, the data equals itself,
+                    // maps are not comparable.
+                    (Value::Nil, other) | (other, Value::Nil) => {
+                        matches!(other, Value::Nil | Value::NilMap)
+                    }
+                    (Value::Root(_), Value::Root(_)) => true,
+                    // Go's maps compare only with nil.
+                    (Value::NilMap, Value::NilMap) => true,
+                    (Value::NilMap, Value::Map(_)) | (Value::Map(_), Value::NilMap) => false,
+                    _ => {
+                        return Err(format!("non-comparable type {}", super::fmt::go_type(b)));
+                    }
+                }
+            };
+        if truth {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Go's `lt`: only ints with ints and strings with strings.
+pub(super) fn go_lt(a: &Value, b: &Value) -> Result<bool, String> {
+    let (ka, kb) = (kind(a), kind(b));
+    if ka == Kind::Other || kb == Kind::Other {
+        return Err("invalid type for comparison".into());
+    }
+    let int = |v: &Value| match v {
+        Value::Int(i) => Some(*i),
+        Value::Uint8(u) => Some(i64::from(*u)),
+        _ => None,
+    };
+    if let (Some(x), Some(y)) = (int(a), int(b)) {
+        return Ok(x < y);
+    }
+    if ka != kb {
+        return Err(format!(
+            "incompatible types for comparison: {} and {}",
+            a.type_name(),
+            b.type_name()
+        ));
+    }
+    match (a, b) {
+        (Value::Bool(_), _) => Err("invalid type for comparison".into()),
+        _ => Ok(a.as_str() < b.as_str()),
+    }
+}

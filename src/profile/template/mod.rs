@@ -1,0 +1,102 @@
+//! A renderer for the subset of Go `text/template` that join profiles use.
+//!
+//! Profiles written for the Go provider were rendered with plain `text/template` (no sprig) and
+//! `missingkey=error`; this module accepts the same syntax for the features below and fails — with
+//! a `line:col` position — where Go would fail, plus a few places where Go would print something
+//! unsafe (see "Deviations").
+//!
+//! Supported:
+//! - text and actions `{{ … }}`, trim markers `{{- ` / ` -}}`, comments `{{/* … */}}` (also
+//!   with trim markers);
+//! - `if` / `else if` / `else` / `end`, `with` / `else with` / `else` / `end`,
+//!   `range` over maps (keys in sorted order) and lists, with `else`;
+//! - variables: `$` (the root data), `{{ $x := pipeline }}`, `{{ $x = pipeline }}`,
+//!   `range $v := …`, `range $k, $v := …`, `with $x := …`;
+//! - operands: `.`, field chains `.A.B`, `$x.A`, `(pipeline).A`, string literals (`"…"` with Go
+//!   escapes and raw `` `…` ``), integers, `true`, `false`, `nil`;
+//! - pipelines `a | b | c` (the previous result is the last argument of the next command);
+//! - functions: `eq`, `ne`, `lt`, `le`, `gt`, `ge`, `not`, `and`, `or` (short-circuit), `len`,
+//!   `index`, `print`, `println`, `printf` (verbs `%s`, `%v`, `%d`, `%q`, `%%`).
+//!
+//! Not supported (a parse error naming the construct): `define`, `template`, `block`, `break`,
+//! `continue`, `call`, `slice`, `html`, `js`, `urlquery`, floats, char constants. `quote` and
+//! `default` are sprig functions, which the Go provider never loaded, so no existing profile can
+//! use them; they are unknown functions here too.
+//!
+//! Deviations from Go: printing the whole root data (`{{ . }}` at the top level, `{{ $ }}`) is an
+//! error instead of a struct dump (it would print every secret); `printf` with a missing or
+//! mismatched argument is an error instead of `%!s(MISSING)`; error texts never contain evaluated
+//! values (only names that appear in the template text).
+
+mod exec;
+mod fmt;
+mod funcs;
+mod lexer;
+mod parser;
+mod values;
+
+pub use values::{ContextData, Value};
+
+use exec::Exec;
+use lexer::{Lexer, line_col};
+use parser::{Node, Parser, Terminator};
+
+/// A template parse or execution error, with the 1-based line and column of the offending token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{line}:{col}: {msg}")]
+pub struct TemplateError {
+    pub line: usize,
+    pub col: usize,
+    pub msg: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Template
+
+/// A parsed template.
+#[derive(Debug, Clone)]
+pub struct Template {
+    src: String,
+    nodes: Vec<Node>,
+}
+
+impl Template {
+    /// Parses `src`. Unknown functions, undefined variables and syntax errors fail here.
+    pub fn parse(src: &str) -> Result<Template, TemplateError> {
+        let err = |(pos, msg): (usize, String)| {
+            let (line, col) = line_col(src, pos);
+            TemplateError { line, col, msg }
+        };
+        let items = Lexer { src }.items().map_err(err)?;
+        let mut parser = Parser {
+            items: items.into_iter(),
+            vars: Vec::new(),
+        };
+        let (nodes, term) = parser.list().map_err(err)?;
+        match term {
+            Terminator::Eof => Ok(Template {
+                src: src.to_string(),
+                nodes,
+            }),
+            Terminator::End(p) => Err(err((p, "unexpected {{end}}".into()))),
+            Terminator::Else(p, _) => Err(err((p, "unexpected {{else}}".into()))),
+        }
+    }
+
+    /// Renders against `data` (normally a [`Value::Root`]).
+    pub fn render(&self, data: &Value) -> Result<Vec<u8>, TemplateError> {
+        let mut ex = Exec {
+            root: data,
+            vars: Vec::new(),
+            out: String::new(),
+        };
+        ex.nodes(&self.nodes, data).map_err(|(pos, msg)| {
+            let (line, col) = line_col(&self.src, pos);
+            TemplateError { line, col, msg }
+        })?;
+        Ok(ex.out.into_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests;
