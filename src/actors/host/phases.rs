@@ -59,12 +59,12 @@ pub fn output_tail(redactor: &crate::profile::redact::Redactor, out: &CommandOut
     } else {
         (&out.stdout, out.stdout_dropped)
     };
-    // tail_output: the stream may have lost its beginning to the transport's cap, so a
-    // secret cut at that edge is redacted too (#23).
+    // The transport kept the stream's end; a secret cut where it dropped the beginning is
+    // redacted too (tail_output), before the tail is taken.
     let tail = redactor.tail_output(stream, dropped, OUTPUT_TAIL);
     let tail = tail.trim();
     // Start on a line of its own when the cut fell inside one.
-    let cut = dropped > 0 || stream.len() > OUTPUT_TAIL;
+    let cut = stream.len() > OUTPUT_TAIL || dropped > 0;
     match (cut, tail.find('\n')) {
         (true, Some(i)) if i + 1 < tail.len() => format!("…\n{}", &tail[i + 1..]),
         (true, _) => format!("…{tail}"),
