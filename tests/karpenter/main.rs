@@ -8,6 +8,7 @@ mod disruption;
 mod drain_order;
 mod exchange;
 mod expiration;
+mod explain;
 mod grace;
 mod lifecycle;
 mod metrics;
