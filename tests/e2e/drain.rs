@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kpssh::api::{HostState, NodeClaim, SSHJoinProfile, SSHNodeClass};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use crate::scale::check_warm_and_disabled;
 use crate::testhost::ExecMode;
@@ -231,14 +231,13 @@ async fn node_with_ip(sc: &Sc, h: usize) -> Result<Option<Node>, String> {
 pub async fn e10(sc: &mut Sc) -> Result<(), String> {
     let h = sc.add_host(ExecMode::Raw, None).await;
     sc.class_and_profile(nodeadm_profile(sc)).await;
-    let classes = sc.api::<SSHNodeClass>();
-    let mut class = classes
-        .get(&sc.id)
-        .await
-        .map_err(|e| format!("get class: {e}"))?;
-    class.spec.provider_id_source = kpssh::api::ProviderIdSource::Adopt;
-    classes
-        .replace(&sc.id, &PostParams::default(), &class)
+    // A merge patch: the controller writes the class's status and finalizer meanwhile.
+    sc.api::<SSHNodeClass>()
+        .patch(
+            &sc.id,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"providerIDSource": "Adopt"}})),
+        )
         .await
         .map_err(|e| format!("Adopt: {e}"))?;
     sc.nodepool("Never").await;
