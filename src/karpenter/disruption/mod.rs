@@ -177,6 +177,7 @@ impl Disrupter {
     ) -> Result<Vec<(String, Reason)>, KarpenterError> {
         let now = ctx.clock.now();
         self.notices.prune(&state.read());
+        self.volumes.prune(now);
         repair::repair(ctx, state, cfg, &mut self.notices).await?;
         let mut done = expiration::expire(ctx, state).await?;
         let pools: Vec<NodePool> = state.read().nodepools.values().cloned().collect();
