@@ -7,23 +7,22 @@
 mod apply;
 #[path = "support/controlplane.rs"]
 mod controlplane;
+#[path = "support/helm.rs"]
+mod helm;
 
 use std::collections::BTreeSet;
-use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use apply::{apply, parse_docs};
+use apply::apply;
 use controlplane::ControlPlane;
+use helm::{CHART, render, run_helm};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kpssh::api::{SSHHost, SSHJoinProfile, crds};
 use kpssh::k8s::{Cluster, ClusterError, KubeCluster};
 use serde_json::{Value, json};
 
-const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/kpssh");
 /// Every optional object of the chart switched on.
 const ALL_ON: &[&str] = &[
     "serviceMonitor.enabled=true",
@@ -32,72 +31,6 @@ const ALL_ON: &[&str] = &[
     "podDisruptionBudget.enabled=true",
     "dashboard.enabled=true",
 ];
-/// A bound on every helm invocation.
-const HELM_LIMIT: Duration = Duration::from_secs(120);
-
-/// The helm binary: `KPSSH_HELM` (exported by scripts/test.sh), else built by scripts/helm.sh.
-fn helm() -> &'static Path {
-    static HELM: OnceLock<PathBuf> = OnceLock::new();
-    HELM.get_or_init(|| {
-        if let Some(p) = std::env::var_os("KPSSH_HELM") {
-            return PathBuf::from(p);
-        }
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/helm.sh");
-        let out = Command::new("timeout")
-            .args(["1800", script])
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("{script}: {e}"));
-        assert!(out.status.success(), "{script} failed: {:?}", out.status);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let last = stdout
-            .lines()
-            .last()
-            .unwrap_or_else(|| panic!("{script} printed nothing"));
-        PathBuf::from(last.trim())
-    })
-}
-
-/// Runs helm under a time limit; Ok(stdout) or Err(stderr).
-fn run_helm(args: &[&str]) -> Result<String, String> {
-    let mut child = Command::new(helm())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", helm().display()));
-    let deadline = Instant::now() + HELM_LIMIT;
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait for helm") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("helm {args:?} ran longer than {HELM_LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (mut out, mut err) = (String::new(), String::new());
-    if let Some(mut s) = child.stdout.take() {
-        s.read_to_string(&mut out).expect("helm stdout");
-    }
-    if let Some(mut s) = child.stderr.take() {
-        s.read_to_string(&mut err).expect("helm stderr");
-    }
-    if status.success() { Ok(out) } else { Err(err) }
-}
-
-/// `helm template <release> charts/kpssh -n <ns> --set …`, parsed into objects.
-fn render(release: &str, ns: &str, set: &[&str]) -> Result<Vec<Value>, String> {
-    let mut args = vec!["template", release, CHART, "--namespace", ns];
-    for s in set {
-        args.extend(["--set", s]);
-    }
-    let text = run_helm(&args)?;
-    Ok(parse_docs(&text))
-}
-
 fn of_kind<'a>(objs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     objs.iter().filter(|o| o["kind"] == kind).collect()
 }
@@ -155,6 +88,8 @@ fn defaults_render_a_hardened_elected_controller() {
         "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ];
     want.sort();
@@ -384,12 +319,14 @@ fn rbac_is_least_privilege() {
         pool["rules"],
         json!([{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}])
     );
+    // kube-system: create and delete bootstrap tokens, never read a Secret there (#23); the
+    // bootstrap-token guard narrows which Secrets (tests/token_guard.rs).
     let tokens = role_in("kube-system");
     assert_eq!(tokens["rules"].as_array().map(Vec::len), Some(1));
     assert_eq!(strings(&tokens["rules"][0]["resources"]), set(&["secrets"]));
     assert_eq!(
         strings(&tokens["rules"][0]["verbs"]),
-        set(&["get", "create", "delete"])
+        set(&["create", "delete"])
     );
     let public = role_in("kube-public");
     assert_eq!(
@@ -407,15 +344,30 @@ fn rbac_is_least_privilege() {
             json!([{"kind": "ServiceAccount", "name": "kp-kpssh", "namespace": "ops"}])
         );
     }
-    // The spec guard matches the same identity.
-    let vap = one(&objs, "ValidatingAdmissionPolicy");
-    let cond = vap["spec"]["matchConditions"][0]["expression"]
-        .as_str()
-        .expect("expression");
-    assert!(
-        cond.contains("system:serviceaccount:ops:kp-kpssh"),
-        "{cond}"
+    // The spec guard and the bootstrap-token guard match the same identity, each bound.
+    let vaps = of_kind(&objs, "ValidatingAdmissionPolicy");
+    let names: BTreeSet<String> = vaps
+        .iter()
+        .filter_map(|v| v["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(
+        names,
+        set(&["kp-kpssh-spec-guard", "kp-kpssh-bootstrap-tokens"])
     );
+    for vap in vaps {
+        let cond = vap["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .expect("expression");
+        assert!(
+            cond.contains("system:serviceaccount:ops:kp-kpssh"),
+            "{cond}"
+        );
+    }
+    let bound: BTreeSet<String> = of_kind(&objs, "ValidatingAdmissionPolicyBinding")
+        .iter()
+        .filter_map(|b| b["spec"]["policyName"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(bound, names);
 }
 
 #[test]
@@ -800,16 +752,16 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
         Err(ClusterError::Forbidden { message, .. }) => message,
         other => panic!("{what} must be forbidden, got {other:?}"),
     };
-    // Secrets: get by name in the pool namespace, nothing else there.
+    // Secrets: read in the pool namespace, nothing else there.
     let got: Option<Secret> = sa
         .get(Some(POOL), "host-key")
         .await
         .expect("get pool secret");
     assert!(got.is_some());
-    forbidden(
-        sa.list::<Secret>(Some(POOL), None).await.map(|_| ()),
-        "listing pool secrets",
-    );
+    // Listed and watched in the pool namespace only: a rotated key or pin is probed at once (S63).
+    sa.list::<Secret>(Some(POOL), None)
+        .await
+        .expect("list pool secrets");
     forbidden(
         sa.create(&secret(POOL, "planted")).await.map(|_| ()),
         "creating a secret in the pool namespace",
@@ -826,9 +778,20 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
             .map(|_| ()),
         "reading a secret outside the pool and kube-system",
     );
-    // Bootstrap tokens: create and delete in kube-system.
-    let token = secret("kube-system", "bootstrap-token-rbac01");
+    // Bootstrap tokens: create and delete the controller's own in kube-system, never read.
+    let token = kpssh::actors::host::launch::token_secret(
+        "rbac01",
+        "0123456789abcdef",
+        jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1),
+        "chart RBAC test",
+    );
     sa.create(&token).await.expect("create a token secret");
+    forbidden(
+        sa.get::<Secret>(Some("kube-system"), "bootstrap-token-rbac01")
+            .await
+            .map(|_| ()),
+        "reading a token secret",
+    );
     sa.delete::<Secret>(Some("kube-system"), "bootstrap-token-rbac01", None)
         .await
         .expect("delete a token secret");
@@ -1030,6 +993,7 @@ fn full_exposition() -> String {
         PhaseLabels, ReasonLabels, StageLabels,
     };
     let m = Metrics::new();
+    m.launch_failed("small", "install");
     let view = HostView::default();
     view.upsert(kpssh::sim::world::host_object(
         "pool",
@@ -1158,8 +1122,8 @@ fn alerts_use_only_metrics_the_controller_exposes() {
     let exprs = alert_exprs(&objs);
     assert_eq!(
         exprs.len(),
-        4,
-        "unhealthy, zombies, join failures, no claimable host"
+        7,
+        "unhealthy, zombies, launch failure rate, launches failing, backing off, flapping, no claimable host"
     );
     check_references("the PrometheusRule", &exprs);
 }

@@ -165,6 +165,8 @@ fn every_shipped_profile_validates_and_renders_every_phase() {
             // What the host's bash would read in Raw mode: the preamble, then the script.
             let plan = raw_plan(&rendered, "root").unwrap_or_else(|e| panic!("{what}: {e}"));
             check_with(&["bash", "-n"], &plan.stdin, &what);
+            // The preamble carries the script as data (a here-document): check it on its own.
+            check_with(&["bash", "-n"], &rendered.script, &what);
             check_with(
                 &["shellcheck", "-s", "bash", "-S", "warning", "-"],
                 script.as_bytes(),

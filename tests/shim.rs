@@ -669,6 +669,7 @@ fn prepared_runs_are_accepted_by_the_shim() {
                 params: host.params(),
                 shim_command: "/opt/kpssh/kpssh-shim",
                 allow_v1,
+                timeout: None,
             },
             jiff::Timestamp::now(),
         )
@@ -695,6 +696,7 @@ fn prepared_runs_are_accepted_by_the_shim() {
         params: host.params(),
         shim_command: "/opt/kpssh/kpssh-shim",
         allow_v1,
+        timeout: None,
     };
     let err = prepare(&trusted, request(v1_only, false), jiff::Timestamp::now())
         .expect_err("v1 without the opt-in");
@@ -720,6 +722,7 @@ fn prepared_runs_are_accepted_by_the_shim() {
         params: host.params(),
         shim_command: "/opt/kpssh/kpssh-shim",
         allow_v1: true,
+        timeout: None,
     };
     let err = prepare(
         &trusted,
@@ -837,6 +840,7 @@ fn sign_cli_signs_a_profile_and_keeps_unknown_fields() {
             params: host.params(),
             shim_command: "kpssh-shim",
             allow_v1: false,
+            timeout: None,
         },
         now,
     )
@@ -1064,6 +1068,7 @@ fn through_sshd_force_command() {
                 params: host.params(),
                 shim_command: "/opt/kpssh/kpssh-shim",
                 allow_v1: false,
+                timeout: None,
             },
             jiff::Timestamp::now(),
         )

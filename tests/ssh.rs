@@ -415,9 +415,65 @@ async fn output_is_capped_and_dropped_bytes_counted() {
         .exec(&tg, RemoteCommand::new("seq 1 100; echo e >&2", secs(10)))
         .await
         .expect("exec");
-    assert_eq!(out.stdout, b"1\n2\n3\n4\n5\n");
+    // The end of the stream is kept: that is where a failing script says why.
+    assert_eq!(out.stdout, b"98\n99\n100\n");
     assert_eq!(out.stdout_dropped, 292 - 10);
     assert_eq!((out.stderr.len(), out.stderr_dropped), (0, 2));
+}
+
+/// #23: a secret that straddles the output cap leaves no part of itself in what is quoted.
+/// The transport keeps the end of a stream (the old head-keeping cap ended the kept text with
+/// the secret's first bytes, and that end is what events quote), and the redactor removes the
+/// rest of a secret cut at the front of the kept window.
+#[tokio::test]
+async fn redaction_across_the_output_cap_leaves_no_fragment() {
+    use kpssh::profile::redact::{PLACEHOLDER, Redactor};
+    let (sshd, key) = setup();
+    let tg = target(&sshd, &key);
+    let secret = "S3CRETVALUE0123456789";
+    let redactor = Redactor::new(None, [&Secret::new(secret)]);
+    let t = RusshTransport::new(TransportConfig {
+        stderr_cap: 4096,
+        ..TransportConfig::default()
+    });
+    // Noise, the secret, then noise such that the cap's edge falls 7 bytes before the secret's
+    // end, and the same again with the edge 7 bytes after its start.
+    for (before, after) in [(5000, 4096 - 7), (4096 - 7, 0)] {
+        let cmd = format!(
+            "head -c {before} /dev/zero | tr '\\0' x >&2; printf '%s' '{secret}' >&2; \
+             head -c {after} /dev/zero | tr '\\0' y >&2; exit 3"
+        );
+        let out = t
+            .exec(&tg, RemoteCommand::new(cmd, secs(20)))
+            .await
+            .expect("exec");
+        assert_eq!(out.exit_status, 3);
+        assert_eq!(out.stderr.len(), 4096);
+        assert_eq!(
+            out.stderr_dropped as usize,
+            before + secret.len() + after - 4096
+        );
+        let event_tail = redactor.tail_output(&out.stderr, out.stderr_dropped, 2048);
+        let whole = redactor.redact_window(
+            &String::from_utf8_lossy(&out.stderr),
+            out.stderr_dropped > 0,
+            false,
+        );
+        for text in [&event_tail, &whole] {
+            for k in 4..=secret.len() {
+                assert!(
+                    !text.contains(&secret[..k]) && !text.contains(&secret[secret.len() - k..]),
+                    "a {k}-byte piece of the secret survived: {:?}",
+                    &text[..text.len().min(80)]
+                );
+            }
+        }
+        if after > 0 {
+            assert!(whole.starts_with(PLACEHOLDER), "{:?}", &whole[..40]);
+        } else {
+            assert!(event_tail.ends_with(PLACEHOLDER), "{event_tail:?}");
+        }
+    }
 }
 
 #[tokio::test]
@@ -716,15 +772,17 @@ async fn cli_probe_prints_json_or_fails_with_1() {
         known_host: Some(sshd.fingerprint()),
     };
     let args = ProbeArgs {
-        target: target.clone(),
+        host: None,
+        wait: std::time::Duration::from_secs(60),
+        target: Some(target.clone()),
         verified: false,
     };
     assert_eq!(run(args.clone()).await.expect("run"), 0);
     let wrong = ProbeArgs {
-        target: TargetArgs {
+        target: Some(TargetArgs {
             known_host: Some(sshd::keygen(sshd.dir.path(), "x", "ed25519", None).fingerprint()),
             ..target
-        },
+        }),
         ..args
     };
     assert_eq!(run(wrong).await.expect("run"), 1);

@@ -34,8 +34,11 @@ pub struct PhaseArgs {
     /// Override the profile's timeout for this phase (90s, 5m, 1h30m).
     #[arg(long, value_parser = super::controller::parse_duration)]
     pub timeout: Option<Duration>,
+    /// API server URL the host joins (`KPSSH_CLUSTER_ENDPOINT`; the controller takes it from
+    /// the node class's spec.cluster or kube-public/cluster-info). Needed by join and install.
     #[arg(long, default_value = "")]
     pub cluster_endpoint: String,
+    /// Base64 of the API server's CA bundle (`KPSSH_CLUSTER_CA_B64`).
     #[arg(long, default_value = "")]
     pub cluster_ca_b64: String,
     /// Bootstrap token for join (`<id>.<secret>`). Redacted from output.
@@ -100,18 +103,32 @@ pub async fn run(args: PhaseArgs) -> anyhow::Result<i32> {
         allow_v1: args.allow_v1,
     };
     let (mut cmd, redactor) = plan(&host, &profile, phase, &ctx, jiff::Timestamp::now(), policy)
-        .map_err(|f| anyhow::anyhow!(f.message))?;
+        .map_err(|f| {
+            // The renderer names the controller's fixes; by hand the fix is a flag.
+            if args.cluster_endpoint.is_empty() && f.message.contains("needs a cluster endpoint") {
+                anyhow::anyhow!(
+                    "{phase} needs a cluster endpoint: pass --cluster-endpoint https://<api-server>:6443 and --cluster-ca-b64 <base64 CA bundle>"
+                )
+            } else {
+                anyhow::anyhow!(f.message)
+            }
+        })?;
     if let Some(t) = args.timeout {
         cmd.timeout = t;
     }
     let transport = RusshTransport::new(TransportConfig::default());
     match transport.exec(&target, cmd).await {
         Ok(out) => {
-            print!("{}", redactor.redact(&String::from_utf8_lossy(&out.stdout)));
-            eprint!("{}", redactor.redact(&String::from_utf8_lossy(&out.stderr)));
+            // The transport keeps the end of each stream: when it dropped a beginning, the
+            // text may start inside a secret, which redact_window also removes.
+            let shown = |bytes: &[u8], dropped: u64| {
+                redactor.redact_window(&String::from_utf8_lossy(bytes), dropped > 0, false)
+            };
+            print!("{}", shown(&out.stdout, out.stdout_dropped));
+            eprint!("{}", shown(&out.stderr, out.stderr_dropped));
             if out.stdout_dropped + out.stderr_dropped > 0 {
                 eprintln!(
-                    "kpssh: output capped ({} stdout and {} stderr bytes dropped)",
+                    "kpssh: output capped to its end ({} stdout and {} stderr bytes dropped before)",
                     out.stdout_dropped, out.stderr_dropped
                 );
             }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::ProfileError;
 use super::env::{Env, build_env};
-use super::raw::{RawPlan, build_raw_plan};
+use super::raw::{PhaseLock, RawPlan, build_raw_plan};
 use super::redact::Redactor;
 use super::template::{ContextData, Template, Value};
 use super::validate::{MAX_SCRIPT_BYTES, check_verified_script, phase_timeout};
@@ -278,10 +278,12 @@ pub fn render_phase(
             src.as_bytes().to_vec()
         }
         ExecMode::Raw => {
-            let tpl = Template::parse(src).map_err(|error| ProfileError::Parse {
-                profile: name.clone(),
-                phase,
-                error,
+            let tpl = Template::parse_named(src, phase.as_str()).map_err(|error| {
+                ProfileError::Parse {
+                    profile: name.clone(),
+                    phase,
+                    error,
+                }
             })?;
             let data = ctx
                 .template_data(phase)
@@ -310,11 +312,20 @@ pub fn render_phase(
     })
 }
 
-/// The Raw-mode command and stdin for a rendered phase (see [`super::raw`]).
+/// The Raw-mode command and stdin for a rendered phase (see [`super::raw`]); the host's phase
+/// lock is keyed by its address (`KPSSH_HOST_ADDRESS`, which every phase gets).
 pub fn raw_plan(rendered: &RenderedPhase, user: &str) -> Result<RawPlan, ProfileError> {
-    build_raw_plan(&rendered.env, &rendered.script, user).map_err(|error| ProfileError::Env {
-        profile: rendered.profile.clone(),
-        phase: rendered.phase,
-        error,
+    let address = rendered
+        .env
+        .get("KPSSH_HOST_ADDRESS")
+        .map(|v| v.expose().to_string())
+        .unwrap_or_default();
+    let lock = PhaseLock::for_host(&address, rendered.timeout);
+    build_raw_plan(&rendered.env, &rendered.script, user, &lock).map_err(|error| {
+        ProfileError::Env {
+            profile: rendered.profile.clone(),
+            phase: rendered.phase,
+            error,
+        }
     })
 }

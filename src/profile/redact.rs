@@ -4,6 +4,12 @@
 //! `set -x` traces its exports). Everything quoted from a script goes through a [`Redactor`]
 //! built for that phase, and [`Redactor::tail`] redacts **before** it truncates, so a secret that
 //! straddles the cut can never leave a readable half behind. // S35
+//!
+//! The transport itself caps output (it keeps the last bytes, see `crate::ssh::capped`), so the
+//! text may already start in the middle of a secret, where no whole occurrence is left to find.
+//! [`Redactor::redact_window`] (and [`Redactor::tail_output`] built on it) therefore also redact,
+//! at an edge where text was cut, any piece that is the end (front edge) or the beginning (back
+//! edge) of a secret.
 
 use crate::secret::Secret;
 
@@ -70,6 +76,15 @@ impl Redactor {
     /// occurrences (of one value or of two values) merge into one placeholder, so no fragment of
     /// either survives.
     pub fn redact(&self, text: &str) -> String {
+        self.redact_window(text, false, false)
+    }
+
+    /// [`Redactor::redact`] for a window of a longer text: `cut_front` says bytes before `text`
+    /// were dropped, `cut_back` that bytes after it were. At a cut edge, the longest piece that
+    /// is the end (front) or the beginning (back) of a secret is redacted as well, also when the
+    /// cut split a UTF-8 character (lossy decoding left `U+FFFD` there), so no part of a secret
+    /// that straddled the cut survives.
+    pub fn redact_window(&self, text: &str, cut_front: bool, cut_back: bool) -> String {
         if self.needles.is_empty() {
             return text.to_string();
         }
@@ -83,6 +98,25 @@ impl Redactor {
                 // Step one character to also find overlapping occurrences.
                 let step = text[start..].chars().next().map_or(1, char::len_utf8);
                 from = start + step;
+            }
+        }
+        if cut_front && cut_back {
+            // Cut on both sides, the window may lie inside one secret.
+            let core = text.trim_matches(char::REPLACEMENT_CHARACTER);
+            if !core.is_empty() && self.needles.iter().any(|n| n.expose().contains(core)) {
+                return PLACEHOLDER.to_string();
+            }
+        }
+        if cut_front {
+            let skip = text.len() - text.trim_start_matches(char::REPLACEMENT_CHARACTER).len();
+            if let Some(k) = self.longest_piece(&text[skip..], Edge::Front) {
+                ranges.push((0, skip + k));
+            }
+        }
+        if cut_back {
+            let body = text.trim_end_matches(char::REPLACEMENT_CHARACTER);
+            if let Some(k) = self.longest_piece(body, Edge::Back) {
+                ranges.push((body.len() - k, text.len()));
             }
         }
         if ranges.is_empty() {
@@ -108,6 +142,35 @@ impl Redactor {
         out
     }
 
+    /// Length in bytes of the longest proper piece of any secret at the `edge` of `text`: a
+    /// suffix of a secret that `text` starts with (front) or a prefix of a secret that `text`
+    /// ends with (back).
+    fn longest_piece(&self, text: &str, edge: Edge) -> Option<usize> {
+        self.needles
+            .iter()
+            .filter_map(|n| {
+                let n = n.expose();
+                (1..n.len().min(text.len() + 1))
+                    .rev()
+                    .find(|&k| match edge {
+                        Edge::Front => {
+                            n.is_char_boundary(n.len() - k) && text.starts_with(&n[n.len() - k..])
+                        }
+                        Edge::Back => n.is_char_boundary(k) && text.ends_with(&n[..k]),
+                    })
+            })
+            .max()
+    }
+
+    /// The last at most `max_bytes` bytes of a command's captured output stream, redacted:
+    /// `dropped` is how many bytes the transport dropped before `bytes` (its cap keeps the end),
+    /// so a secret cut there loses its remaining end too. For stderr tails in errors, events and
+    /// status.
+    pub fn tail_output(&self, bytes: &[u8], dropped: u64, max_bytes: usize) -> String {
+        let red = self.redact_window(&String::from_utf8_lossy(bytes), dropped > 0, false);
+        tail_str(&red, max_bytes).to_string()
+    }
+
     /// The last at most `max_bytes` bytes of the redacted `text`, cut on a UTF-8 boundary
     /// (for stderr tails in errors and events). Redaction happens first.
     pub fn tail(&self, text: &str, max_bytes: usize) -> String {
@@ -115,10 +178,19 @@ impl Redactor {
         tail_str(&red, max_bytes).to_string()
     }
 
-    /// [`Redactor::tail`] for raw bytes (lossy UTF-8 decoding first).
+    /// [`Redactor::tail`] for raw bytes (lossy UTF-8 decoding first). Only for bytes that are
+    /// complete; a command's captured stream may have lost its beginning to the transport's
+    /// cap: use [`Redactor::tail_output`] for that.
     pub fn tail_bytes(&self, bytes: &[u8], max_bytes: usize) -> String {
         self.tail(&String::from_utf8_lossy(bytes), max_bytes)
     }
+}
+
+/// Which edge of a window a cut is at.
+#[derive(Clone, Copy)]
+enum Edge {
+    Front,
+    Back,
 }
 
 /// The longest suffix of `s` that is at most `max_bytes` long and starts on a char boundary.
@@ -207,11 +279,82 @@ mod tests {
         assert!(!d.contains("s3cret") && !d.contains("0123456789"), "{d}");
     }
 
+    #[test]
+    fn a_secret_cut_at_the_front_or_back_of_a_window_leaves_nothing() {
+        // The transport kept "89abcdef rejected": the token's secret half lost its start.
+        let r = redactor(&["s3cret-activation-code"]);
+        assert_eq!(
+            r.redact_window("89abcdef rejected", true, false),
+            "<redacted> rejected"
+        );
+        // Not cut: the same text is left alone (it may just be text).
+        assert_eq!(
+            r.redact_window("89abcdef rejected", false, false),
+            "89abcdef rejected"
+        );
+        // A head cut inside a secret (what keeping the head would quote).
+        assert_eq!(
+            r.redact_window("code: s3cret-act", false, true),
+            "code: <redacted>"
+        );
+        // A cut that split a multi-byte character of the secret.
+        let r = redactor(&["pässwörd-123"]);
+        let bytes = "pässwörd-123 ok".as_bytes();
+        let cut = &bytes[6..]; // inside the 'ö'
+        let out = r.tail_output(cut, 6, 100);
+        assert_eq!(out, "<redacted> ok");
+        // Whole occurrences and both edges together; a one-character piece counts too.
+        let r = redactor(&["abcdefgh"]);
+        assert_eq!(
+            r.redact_window("h then abcdefgh then a", true, true),
+            "<redacted> then <redacted> then <redacted>"
+        );
+        assert_eq!(r.tail_output(b"h done", 0, 100), "h done");
+        assert_eq!(r.tail_output(b"h done", 1, 100), "<redacted> done");
+    }
+
     fn no_secret_survives(out: &str, secrets: &[String]) -> bool {
         secrets
             .iter()
             .all(|s| s.chars().count() < MIN_SECRET_CHARS || !out.contains(s.as_str()))
             && !out.contains("0123456789abcdef")
+    }
+
+    proptest! {
+        // #23: a secret straddling either edge of a captured window leaves no character behind:
+        // noise is lowercase, secrets are digits and capitals, so after removing placeholders
+        // nothing but noise may remain.
+        #![proptest_config(ProptestConfig::with_cases(10_000))]
+        #[test]
+        fn prop_window_edges_never_leak(
+            secrets in proptest::collection::vec("[0-9A-Z]{8,24}", 1..4),
+            parts in proptest::collection::vec(("[a-z ]{0,10}", 0usize..4), 1..6),
+            front in 0usize..200,
+            back in 0usize..200,
+            keep in 0usize..300,
+        ) {
+            let mut text = String::new();
+            for (noise, pick) in &parts {
+                text.push_str(noise);
+                text.push_str(&secrets[pick % secrets.len()]);
+            }
+            let r = Redactor::new(None, &secrets.iter().map(|s| Secret::new(s.as_str())).collect::<Vec<_>>());
+            let start = front.min(text.len());
+            let end = text.len().saturating_sub(back).max(start);
+            let window = &text[start..end];
+            let out = r.redact_window(window, start > 0, end < text.len());
+            let rest = out.replace(PLACEHOLDER, "");
+            prop_assert!(!rest.chars().any(|c| c.is_ascii_digit() || c.is_ascii_uppercase()),
+                "window {:?} became {:?}", window, out);
+            // The transport's view: the last `keep` bytes, then a tail for an event.
+            let kept = &text.as_bytes()[text.len().saturating_sub(keep)..];
+            let dropped = (text.len() - kept.len()) as u64;
+            let tail = r.tail_output(kept, dropped, 64);
+            prop_assert!(tail.len() <= 64);
+            let rest = tail.replace(PLACEHOLDER, "");
+            prop_assert!(!rest.chars().any(|c| c.is_ascii_digit() || c.is_ascii_uppercase()),
+                "kept {:?} became {:?}", String::from_utf8_lossy(kept), tail);
+        }
     }
 
     proptest! {

@@ -117,19 +117,29 @@ fn raw_plan_exact_bytes_for_leave() {
     let r = render_phase(&profile(), Phase::Leave, &ctx(), ExecMode::Raw).unwrap();
     let plan = raw_plan(&r, "debian").unwrap();
     assert_eq!(plan.command, "sudo bash -s");
+    let script = b"echo leave 192.0.2.10 10.1.0.10\n";
+    let end = crate::profile::raw::delimiter(script);
+    let lock = crate::profile::raw::PhaseLock::for_host("192.0.2.10", r.timeout);
     assert_eq!(
         String::from_utf8(plan.stdin).unwrap(),
-        "set -euo pipefail\n\
-         export KPSSH_BOOTSTRAP_TOKEN=''\n\
-         export KPSSH_CLUSTER_CA_B64=''\n\
-         export KPSSH_CLUSTER_ENDPOINT=''\n\
-         export KPSSH_HOST_ADDRESS='192.0.2.10'\n\
-         export KPSSH_NODE_ADDRESS='10.1.0.10'\n\
-         export KPSSH_NODE_LABELS=''\n\
-         export KPSSH_NODE_NAME=''\n\
-         export KPSSH_PROVIDER_ID=''\n\
-         export KPSSH_TAINTS=''\n\
-         echo leave 192.0.2.10 10.1.0.10\n"
+        format!(
+            "set -euo pipefail\n\
+             export KPSSH_BOOTSTRAP_TOKEN=''\n\
+             export KPSSH_CLUSTER_CA_B64=''\n\
+             export KPSSH_CLUSTER_ENDPOINT=''\n\
+             export KPSSH_HOST_ADDRESS='192.0.2.10'\n\
+             export KPSSH_NODE_ADDRESS='10.1.0.10'\n\
+             export KPSSH_NODE_LABELS=''\n\
+             export KPSSH_NODE_NAME=''\n\
+             export KPSSH_PROVIDER_ID=''\n\
+             export KPSSH_TAINTS=''\n\
+             {}\
+             IFS= read -r -d '' kpssh_script <<'{end}' || true\n\
+             echo leave 192.0.2.10 10.1.0.10\n\
+             {end}\n\
+             eval \"$kpssh_script\" </dev/null 9>&-\n",
+            crate::profile::raw::lock_block(&lock)
+        )
     );
     assert_eq!(raw_plan(&r, "root").unwrap().command, "bash -s");
 }
@@ -147,7 +157,7 @@ fn raw_plan_for_join_exports_everything_quoted() {
     assert!(stdin.contains("export KPSSH_VAR_evil=''\\''; rm -rf / #'\n"));
     assert!(stdin.contains("export KPSSH_SECRET_ACTIVATIONCODE='s3cret-activation-code'\n"));
     assert!(stdin.contains("export KPSSH_TAINTS='karpenter.sh/unregistered:NoExecute'\n"));
-    assert!(stdin.ends_with(std::str::from_utf8(&r.script).unwrap()));
+    assert!(stdin.contains(std::str::from_utf8(&r.script).unwrap()));
 }
 
 #[test]

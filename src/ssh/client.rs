@@ -16,8 +16,9 @@
 //! - A command is done at its exit status; output still arriving (e.g. a background child that
 //!   keeps stdout open) is collected for at most [`TransportConfig::exit_grace`], then the
 //!   channel is closed.
-//! - stdout/stderr are capped ([`TransportConfig::stdout_cap`]/`stderr_cap`); the rest is
-//!   dropped and counted, so memory stays bounded whatever the host prints.
+//! - stdout/stderr are capped ([`TransportConfig::stdout_cap`]/`stderr_cap`): the last `cap`
+//!   bytes are kept, the earlier ones dropped and counted, so memory stays bounded whatever the
+//!   host prints and what is quoted is the end of the output.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -30,6 +31,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 use tracing::debug;
 
+use crate::ssh::capped::Capped;
 use crate::ssh::known_host::{PinCheck, fingerprint};
 use crate::ssh::pool::{Origin, Pool, PoolConfig, Pooled};
 use crate::ssh::probe::{self, PROBE_SCRIPT, ProbeError, VERIFIED_PROBE_COMMAND};
@@ -52,9 +54,9 @@ pub struct TransportConfig {
     pub max_connections: usize,
     /// SSH keepalive period on pooled connections (dead peers are detected after 3 misses).
     pub keepalive_interval: Duration,
-    /// Bytes of stdout kept per command; the rest is dropped and counted.
+    /// Bytes of stdout kept per command (the last ones); the earlier ones are dropped and counted.
     pub stdout_cap: usize,
-    /// Bytes of stderr kept per command.
+    /// Bytes of stderr kept per command (the last ones).
     pub stderr_cap: usize,
     /// After the exit status arrives, how long to wait for remaining output / EOF.
     pub exit_grace: Duration,
@@ -211,29 +213,6 @@ fn load_key(target: &HostTarget) -> Result<russh::keys::PrivateKey, TransportErr
                 reason: reason.to_string(),
             })
         }
-    }
-}
-
-/// Collects one stream up to a cap.
-struct Capped {
-    buf: Vec<u8>,
-    cap: usize,
-    dropped: u64,
-}
-
-impl Capped {
-    fn new(cap: usize) -> Self {
-        Capped {
-            buf: Vec::new(),
-            cap,
-            dropped: 0,
-        }
-    }
-    fn push(&mut self, data: &[u8]) {
-        let room = self.cap.saturating_sub(self.buf.len());
-        let take = room.min(data.len());
-        self.buf.extend_from_slice(&data[..take]);
-        self.dropped += (data.len() - take) as u64;
     }
 }
 
@@ -643,12 +622,14 @@ impl RusshTransport {
             }
             let status =
                 status.ok_or_else(|| channel_err(host, "channel closed without an exit status"))?;
+            let (stdout, stdout_dropped) = out.into_parts();
+            let (stderr, stderr_dropped) = err.into_parts();
             Ok(CommandOutput {
                 exit_status: status,
-                stdout: out.buf,
-                stderr: err.buf,
-                stdout_dropped: out.dropped,
-                stderr_dropped: err.dropped,
+                stdout,
+                stderr,
+                stdout_dropped,
+                stderr_dropped,
             })
         };
         // Stop feeding once the command is done (it may exit without reading all of stdin).

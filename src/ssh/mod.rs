@@ -1,6 +1,7 @@
 //! SSH: the [`Transport`] port (`transport`), its russh implementation with pooled connections
-//! (`client`, `pool`), host-key pins (`known_host`) and the probe contract (`probe`).
+//! (`client`, `pool`) and capped output streams (`capped`), host-key pins (`known_host`) and the probe contract (`probe`).
 
+pub mod capped;
 pub mod client;
 pub mod known_host;
 pub mod pool;

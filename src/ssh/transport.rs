@@ -115,14 +115,20 @@ impl RemoteCommand {
     }
 }
 
-/// What a command produced. Output beyond the transport's caps is dropped and counted.
+/// What a command produced. Output beyond the transport's caps is dropped from the **front**
+/// and counted: `stdout`/`stderr` are the last bytes the command wrote, and a non-zero
+/// `*_dropped` means they start mid-stream (redact them with
+/// [`crate::profile::redact::Redactor::redact_window`] / `tail_output`, which also remove the
+/// end of a secret cut there).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CommandOutput {
     /// The remote exit status; a command killed by a signal reports `128 + signal number`.
     pub exit_status: u32,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// Bytes written before `stdout` that were dropped.
     pub stdout_dropped: u64,
+    /// Bytes written before `stderr` that were dropped.
     pub stderr_dropped: u64,
 }
 

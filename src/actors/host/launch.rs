@@ -173,7 +173,7 @@ async fn install_and_join<C: Cluster, T: Transport>(
     if !warm && !still_wanted(state, plan).await? {
         return Ok(false);
     }
-    super::registration::leave_stale_kubelet(state, &target, &plan.ctx.node_name).await?;
+    super::registration::leave_stale_kubelet(state, &target, &plan.claim).await?;
     let token = token(state).await.map_err(api_failure)?;
     let mut ctx = plan.ctx.clone();
     ctx.bootstrap_token = Some(token);
@@ -457,9 +457,11 @@ pub async fn cluster_endpoint<C: Cluster>(
     Ok((server, ca))
 }
 
-/// The bootstrap token for this launch: the one recorded on the host if its Secret still
-/// exists (a resumed launch, S20), else a new one — recorded in status **before** the Secret is
-/// created, so a crash in between can never orphan a token (S27).
+/// The bootstrap token for this launch, recorded in status **before** its Secret is created, so
+/// a crash in between can never orphan a token (S27). A resumed launch (S20) keeps the recorded
+/// ID but mints a new secret half and replaces the Secret: the controller may create and delete
+/// token Secrets, never read them (`get` on kube-system Secrets would let a stolen controller
+/// identity read any of them).
 async fn token<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
 ) -> Result<Secret, ClusterError> {
@@ -469,21 +471,7 @@ async fn token<C: Cluster, T: Transport>(
         .as_ref()
         .and_then(|s| s.bootstrap_token_id.clone());
     let id = match recorded {
-        Some(id) => {
-            let existing: Option<KubeSecret> = state
-                .ctx
-                .cluster
-                .get(Some(TOKEN_NAMESPACE), &token_secret_name(&id))
-                .await?;
-            let secret_half = existing.and_then(|s| s.data).and_then(|d| {
-                d.get("token-secret")
-                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            });
-            if let Some(half) = secret_half {
-                return Ok(Secret::new(format!("{id}.{half}")));
-            }
-            id
-        }
+        Some(id) => id,
         None => {
             let id = random_token_part(state, 6);
             write(state, ProbeStamp::Keep, |s| {
@@ -497,38 +485,15 @@ async fn token<C: Cluster, T: Transport>(
     let expires = state.ctx.clock.now()
         + jiff::SignedDuration::try_from(state.ctx.config.token_ttl)
             .unwrap_or(jiff::SignedDuration::from_hours(1));
-    let data = |v: &str| ByteString(v.as_bytes().to_vec());
-    let secret = KubeSecret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(token_secret_name(&id)),
-            namespace: Some(TOKEN_NAMESPACE.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_string(),
-                "kpssh".to_string(),
-            )])),
-            ..Default::default()
-        },
-        type_: Some("bootstrap.kubernetes.io/token".into()),
-        data: Some(BTreeMap::from([
-            ("token-id".to_string(), data(&id)),
-            ("token-secret".to_string(), data(&half)),
-            (
-                "expiration".to_string(),
-                data(&expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
-            ),
-            ("usage-bootstrap-authentication".to_string(), data("true")),
-            ("usage-bootstrap-signing".to_string(), data("true")),
-            ("auth-extra-groups".to_string(), data(BOOTSTRAP_GROUP)),
-            (
-                "description".to_string(),
-                data(&format!("kpssh join of {}", state.key())),
-            ),
-        ])),
-        ..Default::default()
-    };
+    let secret = token_secret(
+        &id,
+        &half,
+        expires,
+        &format!("kpssh join of {}", state.key()),
+    );
     match state.ctx.cluster.create(&secret).await {
         Ok(_) => {}
-        // A previous attempt created it but crashed before reading it back: replace it.
+        // A previous attempt (before a restart, or a retry) created it: replace it.
         Err(ClusterError::AlreadyExists { .. }) => {
             state
                 .ctx
@@ -540,6 +505,43 @@ async fn token<C: Cluster, T: Transport>(
         Err(e) => return Err(e),
     }
     Ok(Secret::new(format!("{id}.{half}")))
+}
+
+/// The `kube-system/bootstrap-token-<id>` Secret of a token `<id>.<secret>`: group
+/// [`BOOTSTRAP_GROUP`], label `app.kubernetes.io/managed-by: kpssh` (the chart's admission
+/// policy lets the controller create exactly this shape and delete only Secrets so labelled).
+pub fn token_secret(
+    id: &str,
+    secret: &str,
+    expires: jiff::Timestamp,
+    description: &str,
+) -> KubeSecret {
+    let data = |v: &str| ByteString(v.as_bytes().to_vec());
+    KubeSecret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(token_secret_name(id)),
+            namespace: Some(TOKEN_NAMESPACE.into()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "kpssh".to_string(),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("bootstrap.kubernetes.io/token".into()),
+        data: Some(BTreeMap::from([
+            ("token-id".to_string(), data(id)),
+            ("token-secret".to_string(), data(secret)),
+            (
+                "expiration".to_string(),
+                data(&expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+            ),
+            ("usage-bootstrap-authentication".to_string(), data("true")),
+            ("usage-bootstrap-signing".to_string(), data("true")),
+            ("auth-extra-groups".to_string(), data(BOOTSTRAP_GROUP)),
+            ("description".to_string(), data(description)),
+        ])),
+        ..Default::default()
+    }
 }
 
 fn random_token_part<C: Cluster, T: Transport>(state: &HostActorState<C, T>, len: usize) -> String {
@@ -575,6 +577,7 @@ async fn report_launched<C: Cluster, T: Transport>(
         .as_ref()
         .and_then(|s| s.provider_id.clone());
     for _ in 0..5 {
+        let waiting = awaiting_node(&nc, state);
         let status = nc.status.get_or_insert_with(Default::default);
         if provider_id.is_some() {
             status.provider_id = provider_id.clone();
@@ -589,6 +592,18 @@ async fn report_launched<C: Cluster, T: Transport>(
             "",
             &state.ctx.clock,
         );
+        if let Some(waiting) = waiting {
+            match status
+                .conditions
+                .iter_mut()
+                .find(|c| c.type_ == "Registered")
+            {
+                // Registered already (a fast kubelet): keep it.
+                Some(c) if c.status == "True" => {}
+                Some(c) => *c = waiting,
+                None => status.conditions.push(waiting),
+            }
+        }
         match cluster.replace_status(&nc).await {
             Ok(_) => break,
             Err(e) if e.is_conflict() => {
@@ -607,6 +622,39 @@ async fn report_launched<C: Cluster, T: Transport>(
     )
     .await;
     Ok(())
+}
+
+/// S64: Registered=Unknown while the join has run and the Node is awaited, with the deadline
+/// after which the NodeClaim is given up (its creation plus the registration timeout, S37).
+fn awaiting_node<C: Cluster, T: Transport>(
+    nc: &NodeClaim,
+    state: &HostActorState<C, T>,
+) -> Option<Condition> {
+    let created = nc.metadata.creation_timestamp.as_ref()?.0;
+    let deadline =
+        created + jiff::SignedDuration::try_from(state.ctx.config.registration_timeout).ok()?;
+    let name = nc.metadata.name.as_deref().unwrap_or_default();
+    let identity = match state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+    {
+        Some(id) => format!("Node {name} with providerID {id}"),
+        None => format!("a Node with InternalIP {}", state.host.node_address()),
+    };
+    Some(Condition {
+        type_: "Registered".into(),
+        status: "Unknown".into(),
+        reason: "AwaitingNode".into(),
+        message: format!(
+            "{} joined; waiting for {identity} to register, until {} (then the NodeClaim is deleted)",
+            state.key(),
+            deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+        ),
+        observed_generation: None,
+        last_transition_time: Time(state.ctx.clock.now()),
+    })
 }
 
 fn host_capacity<C: Cluster, T: Transport>(

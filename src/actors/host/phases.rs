@@ -54,15 +54,17 @@ impl PhaseFailure {
 /// The end of a failed script's output, redacted before it is cut (S35, S64): stderr, where
 /// scripts under `set -e` and package managers put the cause, else stdout.
 pub fn output_tail(redactor: &crate::profile::redact::Redactor, out: &CommandOutput) -> String {
-    let stream = if out.stderr.iter().any(|b| !b.is_ascii_whitespace()) {
-        &out.stderr
+    let (stream, dropped) = if out.stderr.iter().any(|b| !b.is_ascii_whitespace()) {
+        (&out.stderr, out.stderr_dropped)
     } else {
-        &out.stdout
+        (&out.stdout, out.stdout_dropped)
     };
-    let tail = redactor.tail_bytes(stream, OUTPUT_TAIL);
+    // The transport kept the stream's end; a secret cut where it dropped the beginning is
+    // redacted too (tail_output), before the tail is taken.
+    let tail = redactor.tail_output(stream, dropped, OUTPUT_TAIL);
     let tail = tail.trim();
     // Start on a line of its own when the cut fell inside one.
-    let cut = stream.len() > OUTPUT_TAIL;
+    let cut = stream.len() > OUTPUT_TAIL || dropped > 0;
     match (cut, tail.find('\n')) {
         (true, Some(i)) if i + 1 < tail.len() => format!("…\n{}", &tail[i + 1..]),
         (true, _) => format!("…{tail}"),
@@ -277,5 +279,54 @@ pub async fn marker_profile<C: Cluster, T: Transport>(
             "SSHJoinProfile {name} (from install marker {marker}) not found"
         ))),
         Err(e) => Err(PhaseFailure::config(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::redact::Redactor;
+    use crate::secret::Secret;
+
+    fn output(stderr: &str, stdout: &str) -> CommandOutput {
+        CommandOutput {
+            exit_status: 100,
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// S64: the cause sits at the end of apt's output; the start is noise.
+    #[test]
+    fn s64_the_end_of_the_output_is_kept_redacted_and_cut_on_a_line() {
+        let token = "abcdef.0123456789abcdef";
+        let redactor = Redactor::new(Some(&Secret::new(token)), &[]);
+        let mut stderr = String::from(
+            "debconf: delaying package configuration, since apt-utils is not installed\n",
+        );
+        for i in 0..200 {
+            stderr.push_str(&format!(
+                "Get:{i} http://deb.example/debian bookworm/main amd64 pkg{i}\n"
+            ));
+        }
+        stderr.push_str(&format!("+ kubeadm join --token {token}\n"));
+        stderr.push_str("E: Unable to locate package kubelet\n");
+        let tail = output_tail(&redactor, &output(&stderr, "ignored"));
+        assert!(
+            tail.ends_with("E: Unable to locate package kubelet"),
+            "{tail}"
+        );
+        assert!(!tail.contains("debconf"), "the start is dropped: {tail}");
+        assert!(
+            tail.starts_with("…\nGet:"),
+            "cut on a line boundary: {tail}"
+        );
+        assert!(tail.contains("--token <redacted>"), "{tail}");
+        assert!(!tail.contains("0123456789abcdef"), "the token never shows");
+        assert!(tail.len() <= OUTPUT_TAIL + 8);
+        // Nothing on stderr: stdout's end.
+        let tail = output_tail(&redactor, &output("  \n", "step 1\nstep 2: failed\n"));
+        assert_eq!(tail, "step 1\nstep 2: failed");
     }
 }

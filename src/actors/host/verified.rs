@@ -48,6 +48,7 @@ pub fn command(
         params,
         shim_command: &host.spec.shim_command,
         allow_v1: policy.allow_v1,
+        timeout: Some(rendered.timeout),
     };
     let run = prepare(&trusted, request, now).map_err(|e| refuse(e.to_string()))?;
     if run.version == 1 {

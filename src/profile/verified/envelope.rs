@@ -10,12 +10,18 @@
 //! v1                                  v2
 //! kpssh-envelope: 1                   kpssh-envelope: 2
 //! phase: join                         phase: join
+//! timeout: 300          (optional)    timeout: 300          (optional)
 //! params-b64: <b64 | ->               profile: tls-bootstrap@3
 //! sig-b64: <b64 | ->                  expires: 2026-12-31T00:00:00Z
 //! script-b64: <b64>                   params-b64: <b64 | ->
 //!                                     sig-b64: <b64 | ->
 //!                                     script-b64: <b64>
 //! ```
+//!
+//! `timeout` is the phase's timeout in whole seconds (1 to [`MAX_TIMEOUT_SECS`]): the shim's
+//! watchdog kills the script's process group once it ran that long, so a phase the controller
+//! gave up on does not keep running on the host. It is not signed (the controller chooses it,
+//! as it chooses which signed script runs); without it the shim uses its `--default-timeout`.
 //!
 //! In v1 the signature (`sig-b64` decodes to the armored SSHSIG text) covers the script bytes.
 //! In v2 it covers the manifest built by [`manifest_v2`], which binds the phase, the profile name
@@ -41,6 +47,8 @@ pub const MAX_SCRIPT_LEN: usize = 256 * 1024;
 pub const MAX_PARAMS_LEN: usize = 256 * 1024;
 /// Largest envelope the shim reads from stdin.
 pub const MAX_ENVELOPE_LEN: usize = 1024 * 1024;
+/// Largest `timeout` header (7 days), as the shim's `MAX_TIMEOUT`.
+pub const MAX_TIMEOUT_SECS: u32 = 604_800;
 
 /// A profile phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -421,6 +429,8 @@ pub struct Envelope {
     pub signature: String,
     /// The script bytes exactly as signed.
     pub script: Vec<u8>,
+    /// The phase timeout in seconds for the shim's watchdog (`timeout` header).
+    pub timeout_secs: Option<u32>,
 }
 
 fn b64_or_dash(bytes: &[u8]) -> String {
@@ -428,6 +438,40 @@ fn b64_or_dash(bytes: &[u8]) -> String {
         "-".to_owned()
     } else {
         B64.encode(bytes)
+    }
+}
+
+/// The header lines of an envelope, read in order.
+struct Headers<'a> {
+    lines: std::iter::Peekable<std::str::Split<'a, char>>,
+}
+
+impl<'a> Headers<'a> {
+    fn value(line: &'a str, key: &str) -> Option<&'a str> {
+        line.strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix(": "))
+            .filter(|v| !v.is_empty() && !v.contains(' '))
+    }
+
+    /// The next line, which must be `<key>: <value>`.
+    fn next(&mut self, key: &str) -> Result<&'a str, EnvelopeError> {
+        let line = self
+            .lines
+            .next()
+            .ok_or_else(|| format_err(format!("missing {key} line")))?;
+        Self::value(line, key)
+            .ok_or_else(|| format_err(format!("expected `{key}: <value>`, got {line:?}")))
+    }
+
+    /// The next line if it is a `<key>: …` header (then it must be well-formed).
+    fn optional(&mut self, key: &str) -> Result<Option<&'a str>, EnvelopeError> {
+        let prefix = format!("{key}: ");
+        match self.lines.next_if(|l| l.starts_with(&prefix)) {
+            None => Ok(None),
+            Some(line) => Self::value(line, key)
+                .map(Some)
+                .ok_or_else(|| format_err(format!("expected `{key}: <value>`, got {line:?}"))),
+        }
     }
 }
 
@@ -456,6 +500,7 @@ impl Envelope {
             params,
             signature: signature.to_owned(),
             script: script.to_vec(),
+            timeout_secs: None,
         })
     }
 
@@ -474,10 +519,26 @@ impl Envelope {
             params,
             signature: signature.to_owned(),
             script: script.to_vec(),
+            timeout_secs: None,
+        })
+    }
+
+    /// The same envelope with a `timeout` header of `secs` seconds (1 to [`MAX_TIMEOUT_SECS`]).
+    pub fn with_timeout(self, secs: u32) -> Result<Self, EnvelopeError> {
+        Self::checked(Envelope {
+            timeout_secs: Some(secs),
+            ..self
         })
     }
 
     fn checked(env: Envelope) -> Result<Self, EnvelopeError> {
+        if let Some(t) = env.timeout_secs
+            && !(1..=MAX_TIMEOUT_SECS).contains(&t)
+        {
+            return Err(format_err(format!(
+                "timeout {t} s is outside 1..={MAX_TIMEOUT_SECS}"
+            )));
+        }
         if env.script.is_empty() {
             return Err(format_err("script is empty"));
         }
@@ -525,6 +586,9 @@ impl Envelope {
             self.version(),
             self.phase
         );
+        if let Some(t) = self.timeout_secs {
+            out.push_str(&format!("timeout: {t}\n"));
+        }
         if let Binding::V2 { profile, expires } = &self.binding {
             out.push_str(&format!("profile: {profile}\nexpires: {expires}\n"));
         }
@@ -549,34 +613,38 @@ impl Envelope {
         let body = text
             .strip_suffix('\n')
             .ok_or_else(|| format_err("envelope does not end with a newline"))?;
-        let mut lines = body.split('\n');
-        let mut next = |key: &str| -> Result<&str, EnvelopeError> {
-            let line = lines
-                .next()
-                .ok_or_else(|| format_err(format!("missing {key} line")))?;
-            line.strip_prefix(key)
-                .and_then(|rest| rest.strip_prefix(": "))
-                .filter(|v| !v.is_empty() && !v.contains(' '))
-                .ok_or_else(|| format_err(format!("expected `{key}: <value>`, got {line:?}")))
+        let mut lines = Headers {
+            lines: body.split('\n').peekable(),
         };
-        let version = next("kpssh-envelope")?;
+        let version = lines.next("kpssh-envelope")?;
         if version != "1" && version != "2" {
             return Err(format_err(format!(
                 "unsupported envelope version {version:?}"
             )));
         }
-        let phase: Phase = next("phase")?.parse()?;
+        let phase: Phase = lines.next("phase")?.parse()?;
+        let timeout_secs = lines
+            .optional("timeout")?
+            .map(|v| {
+                (!v.starts_with('0') && v.len() <= 6 && v.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| v.parse::<u32>().ok())
+                    .flatten()
+                    .ok_or_else(|| {
+                        format_err(format!("timeout {v:?} is not a whole number of seconds"))
+                    })
+            })
+            .transpose()?;
         let binding = if version == "2" {
-            let profile: ProfileRef = next("profile")?.parse()?;
-            let expires: Expires = next("expires")?.parse()?;
+            let profile: ProfileRef = lines.next("profile")?.parse()?;
+            let expires: Expires = lines.next("expires")?.parse()?;
             Binding::V2 { profile, expires }
         } else {
             Binding::V1
         };
-        let params_raw = decode_b64("params-b64", next("params-b64")?, true)?;
-        let sig_raw = decode_b64("sig-b64", next("sig-b64")?, true)?;
-        let script = decode_b64("script-b64", next("script-b64")?, false)?;
-        if lines.next().is_some() {
+        let params_raw = decode_b64("params-b64", lines.next("params-b64")?, true)?;
+        let sig_raw = decode_b64("sig-b64", lines.next("sig-b64")?, true)?;
+        let script = decode_b64("script-b64", lines.next("script-b64")?, false)?;
+        if lines.lines.next().is_some() {
             return Err(format_err("trailing data after script-b64"));
         }
         let signature =
@@ -588,6 +656,7 @@ impl Envelope {
             params,
             signature,
             script,
+            timeout_secs,
         })
     }
 

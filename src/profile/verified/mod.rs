@@ -32,6 +32,10 @@ pub mod exit {
     /// v2: expired, for another profile/version than requested, or an older version replayed;
     /// also a v1 envelope on a shim without `--allow-v1`.
     pub const EXPIRED: i32 = 6;
+    /// The script outlived the envelope's `timeout`; the shim's watchdog killed it.
+    pub const TIMEOUT: i32 = 7;
+    /// Another phase held the host's phase lock for longer than this one could wait.
+    pub const BUSY: i32 = 8;
     /// The signed script ran and exited non-zero (its own code is printed on stderr).
     pub const SCRIPT_FAILED: i32 = 10;
 
@@ -45,6 +49,8 @@ pub mod exit {
             ENVELOPE => "malformed envelope",
             PHASE => "phase refused",
             EXPIRED => "signature expired, replayed or v1 refused",
+            TIMEOUT => "killed by the shim after its timeout",
+            BUSY => "another phase is running on the host",
             SCRIPT_FAILED => "signed script failed",
             _ => "unexpected exit code",
         }
@@ -88,6 +94,9 @@ pub struct PhaseRequest<'a> {
     /// explicit `--allow-v1-signatures`). Off, such a phase is refused: v1 binds neither
     /// phase, profile version nor expiry.
     pub allow_v1: bool,
+    /// The phase timeout, sent in the envelope for the shim's watchdog (whole seconds, at least
+    /// 1, at most [`envelope::MAX_TIMEOUT_SECS`]).
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// What to send: run `command` over SSH and write `stdin` to it.
@@ -146,6 +155,15 @@ pub fn prepare(
                 req.phase, req.profile, req.phase
             )));
         }
+    };
+    let env = match req.timeout {
+        Some(t) => {
+            let secs = u32::try_from(t.as_secs().max(1))
+                .unwrap_or(u32::MAX)
+                .min(envelope::MAX_TIMEOUT_SECS);
+            env.with_timeout(secs)?
+        }
+        None => env,
     };
     let signer = env.verify(trusted, now)?;
     Ok(PreparedRun {
