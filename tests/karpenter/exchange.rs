@@ -194,3 +194,43 @@ async fn s49_replacement_not_initialized_in_10_minutes_is_deleted_and_old_node_u
     );
     assert_eq!(running(&e).await, 1, "its pod runs on");
 }
+
+/// The NodePool's budget drops to 0 while the replacement launches: once it is Initialized the
+/// old claim waits (the budget is checked at the moment of disruption), and after 10 minutes the
+/// exchange is given up: the old node un-cordoned, the replacement kept, nothing disrupted.
+#[tokio::test(start_paused = true)]
+async fn s49_budget_is_checked_again_at_the_moment_of_disruption() {
+    let e = env().await;
+    let old = replacing(&e, slow_join("10.89.2.1")).await;
+    let mut np: NodePool =
+        e.w.cluster
+            .get(None, "default")
+            .await
+            .expect("get")
+            .expect("np");
+    np.spec.disruption.budgets = vec![Budget {
+        nodes: "0".into(),
+        ..Default::default()
+    }];
+    e.w.cluster.replace(&np).await.expect("budget 0");
+    tokio::time::sleep(8 * MINUTE).await;
+    assert!(
+        !said(&e, "DisruptionTerminating")
+            .iter()
+            .any(|m| m.contains(old.as_str())),
+        "disrupted with a budget of 0"
+    );
+    assert!(cordoned(&e, &old).await, "still exchanging, still cordoned");
+    let uncordoned =
+        e.w.until(4 * MINUTE, || async { !cordoned(&e, &old).await })
+            .await;
+    assert!(uncordoned, "the exchange was not given up after 10 minutes");
+    let cs = claims(&e).await;
+    assert_eq!(cs.len(), 2, "old claim and its replacement both kept");
+    assert!(cs.iter().all(|nc| nc.metadata.deletion_timestamp.is_none()));
+    assert!(
+        !said(&e, "DisruptionTerminating")
+            .iter()
+            .any(|m| m.contains(old.as_str()))
+    );
+}

@@ -158,7 +158,10 @@ pub(super) async fn finish<C: Cluster, T: Transport>(
         };
         let (Some(node), Progress::Ready(by)) = (node.as_deref(), &progress) else {
             match progress {
-                Progress::Abandoned => call_off(ctx, &old, node.as_deref()).await?,
+                // Gone, or ready while the old claim has no Node to drain: nothing to exchange.
+                Progress::Abandoned | Progress::Ready(_) => {
+                    call_off(ctx, &old, node.as_deref()).await?
+                }
                 Progress::Waiting(by, created)
                     if created.is_some_and(|t| ctx.clock.since(t) >= REPLACEMENT_TIMEOUT) =>
                 {

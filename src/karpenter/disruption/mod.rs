@@ -1,11 +1,12 @@
-//! Disruption (S38, S39) and repair: emptiness and under-utilisation consolidation after
-//! `consolidateAfter`, drift (ProfileDrift, NodeClassDrift, NodePool template hash) and
-//! `expireAfter`, each within the NodePool's budgets and never for nodes or pods annotated
-//! `karpenter.sh/do-not-disrupt`; repair (Node Ready False/Unknown for 10 minutes) is forceful.
+//! Disruption (S38, S39, S46-S51) and repair (S43): emptiness and under-utilisation
+//! consolidation after `consolidateAfter` and drift (ProfileDrift, NodeClassDrift, the NodePool
+//! template hash, RequirementsDrifted), each within the NodePool's budgets and never for nodes
+//! that `karpenter.sh/do-not-disrupt` or a PodDisruptionBudget protects; `expireAfter` is
+//! forceful (deleted, as core v1); repair is bounded and off unless enabled.
 //!
 //! A decision is validated again against the API just before it is executed, then carried out
 //! by marking the NodeClaim (annotation + disrupted taint): the termination controller drains
-//! it and deletes it.
+//! it and deletes it. See docs/concepts.md, "Disruption" and "Repair".
 //!
 //! One module per concern: [`candidates`] (who could be disrupted, and why), [`blockers`]
 //! (do-not-disrupt, PodDisruptionBudgets), [`consolidation`] (the room on other nodes),
@@ -176,6 +177,7 @@ impl Disrupter {
     ) -> Result<Vec<(String, Reason)>, KarpenterError> {
         let now = ctx.clock.now();
         self.notices.prune(&state.read());
+        self.volumes.prune(now);
         repair::repair(ctx, state, cfg, &mut self.notices).await?;
         let mut done = expiration::expire(ctx, state).await?;
         let pools: Vec<NodePool> = state.read().nodepools.values().cloned().collect();

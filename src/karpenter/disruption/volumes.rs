@@ -29,6 +29,13 @@ pub struct VolumeAffinity {
 }
 
 impl VolumeAffinity {
+    /// Forget answers older than [`KEEP`] (once per round).
+    pub fn prune(&mut self, now: Timestamp) {
+        let keep = jiff::SignedDuration::try_from(KEEP).unwrap_or_default();
+        self.known
+            .retain(|_, (at, _)| now.duration_since(*at) < keep);
+    }
+
     /// Add the node affinity of each pod's volumes to its constraints. A claim that is not
     /// bound, or whose volume cannot be read or uses `matchFields`, makes the pod one whose
     /// constraints cannot be checked (it keeps its node).
@@ -38,9 +45,6 @@ impl VolumeAffinity {
         pods: &mut [PodInfo],
     ) -> Result<(), KarpenterError> {
         let now = ctx.clock.now();
-        let keep = jiff::SignedDuration::try_from(KEEP).unwrap_or_default();
-        self.known
-            .retain(|_, (at, _)| now.duration_since(*at) < keep);
         for p in pods.iter_mut() {
             for claim in p.claims.clone() {
                 let key = (p.namespace.clone(), claim);
