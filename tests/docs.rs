@@ -89,6 +89,25 @@ async fn every_command_in_the_operator_docs_runs() {
                             .unwrap_or_else(|e| panic!("{doc}: `{line}`: {e}"));
                     }
                 }
+                [
+                    "kpssh",
+                    "crds",
+                    flags @ ..,
+                    "|",
+                    "kubectl",
+                    "apply",
+                    "--server-side",
+                    "-f",
+                    "-",
+                ] => {
+                    let out = Command::new(env!("CARGO_BIN_EXE_kpssh"))
+                        .arg("crds")
+                        .args(flags)
+                        .output()
+                        .expect("kpssh crds");
+                    assert!(out.status.success(), "{doc}: `{line}`");
+                    cp.install_crds(&String::from_utf8_lossy(&out.stdout)).await;
+                }
                 ["helm", "install", name, chart, rest @ ..] => {
                     let mut args = vec!["template", name, chart];
                     let mut ns = "default";

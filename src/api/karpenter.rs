@@ -53,9 +53,13 @@ pub struct NodeClaimSpec {
     #[serde(default)]
     pub resources: ResourceRequests,
     pub node_class_ref: NodeClassRef,
+    /// Upstream's pattern: a Go duration of s/m/h units, or `Never` (`30d`, `5min` are
+    /// rejected at admission rather than misread).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(([0-9]+(s|m|h))+|Never)$"))]
     pub expire_after: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(s|m|h))+$"))]
     pub termination_grace_period: Option<String>,
     #[serde(flatten)]
     #[schemars(skip)]
@@ -93,7 +97,10 @@ pub struct NodeClaimStatus {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSelectorRequirement {
+    #[schemars(length(max = 316))]
     pub key: String,
+    /// Upstream's operators; anything else is rejected at admission.
+    #[schemars(extend("enum" = ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]))]
     pub operator: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
@@ -190,9 +197,13 @@ pub struct NodeClaimTemplateSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requirements: Vec<NodeSelectorRequirement>,
     pub node_class_ref: NodeClassRef,
+    /// Upstream's pattern: a Go duration of s/m/h units, or `Never` (`30d`, `5min` are
+    /// rejected at admission rather than misread).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(([0-9]+(s|m|h))+|Never)$"))]
     pub expire_after: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(s|m|h))+$"))]
     pub termination_grace_period: Option<String>,
     #[serde(flatten)]
     #[schemars(skip)]
@@ -204,9 +215,11 @@ pub struct NodeClaimTemplateSpec {
 pub struct Disruption {
     /// `WhenEmpty` or `WhenEmptyOrUnderutilized` (Karpenter's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["WhenEmpty", "WhenEmptyOrUnderutilized"]))]
     pub consolidation_policy: Option<String>,
-    /// Duration string or `Never`.
+    /// Duration string (s/m/h units) or `Never`, upstream's pattern.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(([0-9]+(s|m|h))+|Never)$"))]
     pub consolidate_after: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<Budget>,
@@ -215,10 +228,13 @@ pub struct Disruption {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct Budget {
     /// A count (`"5"`) or a percentage (`"10%"`).
+    #[schemars(regex(pattern = r"^((100|[0-9]{1,2})%|[0-9]+)$"))]
     pub nodes: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
+    /// Hours and minutes, upstream's pattern (`1h`, `30m`, `1h30m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^((([0-9]+(h|m))|([0-9]+h[0-9]+m))(0s)?)$"))]
     pub duration: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasons: Option<Vec<String>>,

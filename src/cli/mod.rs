@@ -2,6 +2,7 @@
 
 pub mod controller;
 pub mod crds;
+pub mod doctor;
 pub mod phase;
 pub mod probe;
 pub mod probe_request;
@@ -26,6 +27,9 @@ pub enum Command {
     Controller(controller::ControllerArgs),
     /// Print kpssh's CustomResourceDefinitions as one multi-document YAML.
     Crds(crds::CrdsArgs),
+    /// Check what a working install needs (CRDs, scheduler, RBAC, node classes, profiles,
+    /// hosts, NodePools, the controller's Lease) and print each with its fix.
+    Doctor(doctor::DoctorArgs),
     /// Render one phase of a profile and run it on one host; exits with the script's status.
     Phase(Box<phase::PhaseArgs>),
     /// Probe one host over SSH and print its facts as JSON, or (`--host`) ask the controller to
@@ -60,6 +64,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Controller(args) => controller::run(args).await,
         Command::Crds(args) => crds::run(&args),
+        Command::Doctor(args) => doctor::run(args).await,
         Command::Phase(args) => phase::run(*args).await,
         Command::Probe(args) => probe::run(args).await,
         Command::Sign(args) => sign::run(args),

@@ -78,7 +78,16 @@ impl<'a> PoolSettings<'a> {
             .unwrap_or_else(|| "WhenEmptyOrUnderutilized".into());
         let consolidate_after = match pool.spec.disruption.consolidate_after.as_deref() {
             Some("Never") => None,
-            Some(s) => Some(parse_duration(s).unwrap_or_default()),
+            // An unparsable duration is an error, never 0 (immediate consolidation): the
+            // generated CRDs reject it at admission; one that got in anyway (an older CRD)
+            // stops consolidation of this pool and says so.
+            Some(s) => match parse_duration(s) {
+                Some(d) => Some(d),
+                None => {
+                    tracing::error!(nodepool = ?pool.metadata.name, consolidate_after = s, "consolidateAfter is not a duration like 30s, 5m or 1h30m (or Never); this NodePool is not consolidated until it is fixed");
+                    None
+                }
+            },
             None => Some(Duration::ZERO),
         };
         PoolSettings {

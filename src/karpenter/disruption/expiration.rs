@@ -27,7 +27,12 @@ pub(super) async fn expire<C: Cluster, T: Transport>(
             .filter_map(|nc| {
                 let after = nc.spec.expire_after.as_deref()?;
                 let created = nc.metadata.creation_timestamp.as_ref()?.0;
-                let limit = parse_duration(after)?;
+                let Some(limit) = parse_duration(after).filter(|_| after != "Never") else {
+                    if after != "Never" {
+                        tracing::error!(nodeclaim = ?nc.metadata.name, expire_after = after, "expireAfter is not a duration like 720h (or Never); this NodeClaim does not expire until it is fixed");
+                    }
+                    return None;
+                };
                 (ctx.clock.since(created) >= limit).then(|| (nc.clone(), after.to_string()))
             })
             .collect()
