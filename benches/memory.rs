@@ -138,6 +138,7 @@ async fn measure(hosts: usize) -> Measured {
         router,
         nodeclasses,
         karpenter,
+        karpenter_config: _,
     } = w;
     for child in supervisor.get_children() {
         child.stop(None);

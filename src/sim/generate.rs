@@ -2,9 +2,10 @@
 //! scenario drawn from one seed — host classes (count, size, arch, latency, failure and hang
 //! rates, bad leaves), node and pod demand of every shape (steady, diurnal, bursts, CSV-like
 //! series with spikes above supply and to zero), NodePools with any mix of cpu, memory and
-//! nodes limits and consolidateAfter, every fault kind at rates drawn over wide ranges, API
-//! conflict and 5xx rates up to 10%. Two hand-written campaign files vary only the faults;
-//! these vary the shapes too.
+//! nodes limits, consolidateAfter, terminationGracePeriod and expireAfter, PodDisruptionBudgets
+//! and do-not-disrupt pods, node repair on or off, every fault kind (partitions too) at rates
+//! drawn over wide ranges, API conflict and 5xx rates up to 10%. Two hand-written campaign
+//! files vary only the faults; these vary the shapes too.
 //!
 //! The draw is a pure function of the seed, and every value is one the scenario's YAML holds
 //! exactly (whole seconds, rounded rates), so `--print-scenario` gives a file that replays the
@@ -17,8 +18,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::scenario::{
-    Bursts, ControllerLimits, Demand, Diurnal, Faults, HostClass, HostFault, LatencySpec,
-    PhaseLatencies, PhaseProbabilities, Rate, Scenario, SimNodePool, SlowHandshake,
+    Bursts, ControllerLimits, Demand, Diurnal, Faults, HostClass, HostFault, IntOrPercent,
+    LatencySpec, Partition, PhaseLatencies, PhaseProbabilities, Rate, Scenario, SimNodePool,
+    SimPdb, SlowHandshake,
 };
 
 /// Separates the generator's stream from the run's, which is seeded with the same number.
@@ -60,16 +62,27 @@ pub fn random_scenario(seed: u64) -> Scenario {
             node_pools.push(pool);
         }
     }
-    let faults = d.faults();
+    let mut faults = d.faults();
     let controller = ControllerLimits {
         max_concurrent_phases: *d.pick(&[2, 4, 8, 32]),
         max_concurrent_probes: *d.pick(&[4, 64]),
         ssh_dials_per_second: *d.pick(&[10, 50]),
+        node_repair: d.chance(0.5),
     };
+    // A partition (20–45 minutes) needs a run long enough to see it end, and repair's
+    // 30-minute toleration pass.
+    let mut duration = *d.pick(&[1200, 1800, 1800, 2400, 3600]);
+    if d.chance(0.25) {
+        faults.partition = Some(Partition {
+            rate_per_hour: d.log(0.5, 2.0),
+            duration: d.dur(1200, 2700),
+        });
+        duration = 3600;
+    }
     Scenario {
         name: format!("random-{seed}"),
         seed,
-        duration: secs(*d.pick(&[1200, 1800, 1800, 2400, 3600])),
+        duration: secs(duration),
         step: secs(*d.pick(&[15, 30])),
         probe_interval: secs(*d.pick(&[60, 120, 120, 180])),
         controller,
@@ -185,11 +198,19 @@ impl Draw {
             limits.insert("nodes".to_string(), self.int(1, count).to_string());
         }
         let consolidate_after = self.pick(&["0s", "30s", "1m", "2m", "5m", "10m", "Never"]);
+        let termination_grace_period = self
+            .chance(0.4)
+            .then(|| super::scenario::format_duration(self.dur(60, 1800)));
+        let expire_after = self
+            .chance(0.2)
+            .then(|| super::scenario::format_duration(self.dur(600, 2400)));
         SimNodePool {
             name: format!("pool{i}"),
             class: class.name.clone(),
             limits,
             consolidate_after: consolidate_after.to_string(),
+            termination_grace_period,
+            expire_after,
         }
     }
 
@@ -203,6 +224,27 @@ impl Draw {
         e.pool = Some(pool.to_string());
         e.cpu = format!("{millis}m");
         e.memory = format!("{memory}Mi");
+        if self.chance(0.5) {
+            let budget = match self.int(0, 3) {
+                0 => IntOrPercent::Int(0),
+                1 => IntOrPercent::Int(self.int(1, 3) as i32),
+                _ => IntOrPercent::Percent(format!("{}%", 10 * self.int(1, 9))),
+            };
+            e.pdb = Some(if self.chance(0.5) {
+                SimPdb {
+                    max_unavailable: Some(budget),
+                    min_available: None,
+                }
+            } else {
+                SimPdb {
+                    max_unavailable: None,
+                    min_available: Some(budget),
+                }
+            });
+        }
+        if self.chance(0.3) {
+            e.do_not_disrupt = self.log(0.05, 0.5);
+        }
         e
     }
 
@@ -219,6 +261,8 @@ impl Draw {
             bursts: None,
             csv: None,
             series: None,
+            pdb: None,
+            do_not_disrupt: 0.0,
         };
         if self.chance(0.3) {
             let mut rows = BTreeMap::new();
@@ -271,7 +315,10 @@ impl Draw {
     fn faults(&mut self) -> Faults {
         Faults {
             reboot: self.host_fault(0.6),
-            power_loss: self.host_fault(0.5),
+            power_loss: self.chance(0.5).then(|| HostFault {
+                rate_per_host_hour: self.log(0.01, 0.5),
+                duration: self.dur(30, 2700),
+            }),
             ssh_refusal: self.host_fault(0.5),
             host_key_change: self.host_fault(0.4),
             slow_handshake: self.chance(0.4).then(|| SlowHandshake {
@@ -284,6 +331,7 @@ impl Draw {
             profile_bump: self.fleet_fault(0.4, 0.1, 3.0),
             api_conflict: self.rate(0.4, 0.001, 0.1),
             api_transient: self.rate(0.4, 0.001, 0.1),
+            partition: None,
         }
     }
 }

@@ -45,6 +45,8 @@ pub struct ControllerLimits {
     pub max_concurrent_phases: usize,
     pub max_concurrent_probes: usize,
     pub ssh_dials_per_second: u32,
+    /// Node repair (`--node-repair`, upstream's NodeRepair feature gate; off by default).
+    pub node_repair: bool,
 }
 
 impl Default for ControllerLimits {
@@ -54,6 +56,7 @@ impl Default for ControllerLimits {
             max_concurrent_phases: c.max_concurrent_phases,
             max_concurrent_probes: c.max_concurrent_probes,
             ssh_dials_per_second: c.ssh_dials_per_second,
+            node_repair: crate::karpenter::KarpenterConfig::default().node_repair,
         }
     }
 }
@@ -198,6 +201,13 @@ pub struct SimNodePool {
     /// (`Never`: consolidation off).
     #[serde(default = "default_consolidate_after")]
     pub consolidate_after: String,
+    /// `spec.template.spec.terminationGracePeriod`: how long a drain may be held up by PDBs
+    /// and do-not-disrupt pods (unset: as long as they hold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period: Option<String>,
+    /// `spec.template.spec.expireAfter`: nodes older than this are replaced (forcefully).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expire_after: Option<String>,
 }
 
 fn default_consolidate_after() -> String {
@@ -227,6 +237,13 @@ pub struct Demand {
     pub diurnal: Option<Diurnal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bursts: Option<Bursts>,
+    /// A PodDisruptionBudget over this entry's pods (pod demand only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pdb: Option<SimPdb>,
+    /// Share of this entry's pods annotated `karpenter.sh/do-not-disrupt: "true"` (each pod
+    /// drawn when it is created).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub do_not_disrupt: f64,
     /// `minute,nodes` lines (a header line is allowed); the count holds until the next line.
     /// Replaces steady, diurnal and bursts. A path in the scenario file is relative to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -235,6 +252,47 @@ pub struct Demand {
     /// that a printed scenario is one self-contained file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub series: Option<BTreeMap<u32, u32>>,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// A PodDisruptionBudget: exactly one of the two, a count or a percentage (`"50%"`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SimPdb {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrPercent>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<IntOrPercent>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum IntOrPercent {
+    Int(i32),
+    Percent(String),
+}
+
+impl IntOrPercent {
+    pub fn to_k8s(&self) -> k8s_openapi::apimachinery::pkg::util::intstr::IntOrString {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        match self {
+            IntOrPercent::Int(n) => IntOrString::Int(*n),
+            IntOrPercent::Percent(p) => IntOrString::String(p.clone()),
+        }
+    }
+
+    fn valid(&self) -> bool {
+        match self {
+            IntOrPercent::Int(n) => *n >= 0,
+            IntOrPercent::Percent(p) => p
+                .strip_suffix('%')
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(|n| n <= 100),
+        }
+    }
 }
 
 fn default_cpu() -> String {
@@ -320,12 +378,29 @@ pub struct Faults {
     /// The join profile's version is bumped (every host becomes cold).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_bump: Option<Rate>,
+    /// Every Node on the hosts of one class (so every node of its NodePools) loses contact
+    /// with the API server for `duration`: Ready goes Unknown while the machines run on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Partition>,
     /// Probability that any controller write fails with a 409 conflict.
     #[serde(default)]
     pub api_conflict: f64,
     /// Probability that any controller write fails with a transient (5xx) error.
     #[serde(default)]
     pub api_transient: f64,
+}
+
+/// A partition: how often per virtual hour, and how long it lasts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Partition {
+    pub rate_per_hour: f64,
+    #[serde(default = "default_partition", with = "dur")]
+    pub duration: Duration,
+}
+
+fn default_partition() -> Duration {
+    Duration::from_secs(20 * 60)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -385,6 +460,21 @@ impl Scenario {
             {
                 return Err("demand: diurnal.periodHours must be positive".into());
             }
+            if (d.pdb.is_some() || d.do_not_disrupt > 0.0) && d.pool.is_none() {
+                return Err("demand: pdb and doNotDisrupt are for pod demand (give a pool)".into());
+            }
+            if !(0.0..=1.0).contains(&d.do_not_disrupt) {
+                return Err("demand: doNotDisrupt is a share of the pods, 0 to 1".into());
+            }
+            if let Some(b) = &d.pdb {
+                let one = match (&b.max_unavailable, &b.min_available) {
+                    (Some(x), None) | (None, Some(x)) => x.valid(),
+                    _ => false,
+                };
+                if !one {
+                    return Err("demand: pdb needs exactly one of maxUnavailable and minAvailable, a count or a percentage like \"50%\"".into());
+                }
+            }
             if d.csv.is_some() && d.series.is_some() {
                 return Err("demand: give csv (a file) or series (inline), not both".into());
             }
@@ -423,6 +513,15 @@ impl Scenario {
                         "nodePools: {}: limits.{k} {v:?} is not a quantity (e.g. \"16\", \"64Gi\")",
                         p.name
                     ));
+                }
+            }
+            for (field, value) in [
+                ("terminationGracePeriod", &p.termination_grace_period),
+                ("expireAfter", &p.expire_after),
+            ] {
+                if let Some(v) = value {
+                    parse_duration(v)
+                        .map_err(|e| format!("nodePools: {}: {field}: {e}", p.name))?;
                 }
             }
             if p.consolidate_after != "Never" {

@@ -88,6 +88,7 @@ pub fn size(sc: &Scenario) -> usize {
         f.profile_bump.is_some(),
         f.api_conflict > 0.0,
         f.api_transient > 0.0,
+        f.partition.is_some(),
     ]
     .iter()
     .filter(|x| **x)
@@ -124,9 +125,38 @@ fn reductions(sc: &Scenario, violation: &Violation) -> Vec<Scenario> {
             out.push(s);
         }
     }
-    for i in 0..10 {
+    for i in 0..11 {
         let mut s = sc.clone();
         if drop_fault(&mut s, i) {
+            out.push(s);
+        }
+    }
+    if sc.controller.node_repair {
+        let mut s = sc.clone();
+        s.controller.node_repair = false;
+        out.push(s);
+    }
+    for i in 0..sc.demand.len() {
+        if sc.demand[i].pdb.is_some() {
+            let mut s = sc.clone();
+            s.demand[i].pdb = None;
+            out.push(s);
+        }
+        if sc.demand[i].do_not_disrupt > 0.0 {
+            let mut s = sc.clone();
+            s.demand[i].do_not_disrupt = 0.0;
+            out.push(s);
+        }
+    }
+    for i in 0..sc.node_pools.len() {
+        if sc.node_pools[i].termination_grace_period.is_some() {
+            let mut s = sc.clone();
+            s.node_pools[i].termination_grace_period = None;
+            out.push(s);
+        }
+        if sc.node_pools[i].expire_after.is_some() {
+            let mut s = sc.clone();
+            s.node_pools[i].expire_after = None;
             out.push(s);
         }
     }
@@ -194,7 +224,7 @@ fn without_class(sc: &Scenario, i: usize) -> Scenario {
     s
 }
 
-/// Switch off fault kind `i` (of ten); false when it was off.
+/// Switch off fault kind `i` (of eleven); false when it was off.
 fn drop_fault(s: &mut Scenario, i: usize) -> bool {
     let f = &mut s.faults;
     match i {
@@ -207,7 +237,8 @@ fn drop_fault(s: &mut Scenario, i: usize) -> bool {
         6 => f.force_delete.take().is_some(),
         7 => f.profile_bump.take().is_some(),
         8 => std::mem::take(&mut f.api_conflict) > 0.0,
-        _ => std::mem::take(&mut f.api_transient) > 0.0,
+        9 => std::mem::take(&mut f.api_transient) > 0.0,
+        _ => f.partition.take().is_some(),
     }
 }
 

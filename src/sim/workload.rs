@@ -7,21 +7,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::Selector;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use super::scenario::Scenario;
+use super::scenario::{Scenario, SimPdb};
 use super::world::{POD_GROUP_LABEL, POD_NAMESPACE, workload_pod};
 use crate::api::NodeClaim;
-use crate::api::karpenter::NODEPOOL_LABEL;
+use crate::api::karpenter::{DO_NOT_DISRUPT_ANNOTATION, NODEPOOL_LABEL};
 use crate::clock::Clock;
 use crate::k8s::{Cluster, MemoryCluster};
 use crate::karpenter::sim_scheduler::RECREATE_ANNOTATION;
 use crate::karpenter::state::ClusterState;
 use crate::karpenter::{quantity, sim_scheduler};
+use crate::sim::run::safety::OwnDeletions;
 
 /// How often the simulated kube-scheduler binds pending pods.
 const SCHEDULER_PERIOD: Duration = Duration::from_secs(5);
@@ -30,6 +33,8 @@ const SCHEDULER_PERIOD: Duration = Duration::from_secs(5);
 pub struct Workload {
     tasks: Vec<JoinHandle<()>>,
     seq: u64,
+    /// Pods the simulation itself deletes (scale-down, pod GC): not the controller's doing.
+    pub deleting: OwnDeletions,
 }
 
 impl Drop for Workload {
@@ -43,7 +48,7 @@ impl Drop for Workload {
 impl Workload {
     /// Start the scheduler. It keeps its own view of the cluster, as kube-scheduler does: a
     /// controller crash in the simulation must not stop pods from being bound.
-    pub async fn start(cluster: &MemoryCluster, clock: Clock) -> Workload {
+    pub async fn start(cluster: &MemoryCluster, clock: Clock, deleting: OwnDeletions) -> Workload {
         let state = ClusterState::new(clock);
         let mut tasks = state.start(cluster);
         while !state.read().synced() {
@@ -54,19 +59,25 @@ impl Workload {
             state,
             SCHEDULER_PERIOD,
         ));
-        Workload { tasks, seq: 0 }
+        Workload {
+            tasks,
+            seq: 0,
+            deleting,
+        }
     }
 
     /// Create or delete pods of one demand entry (`group`, for `pool`) until it has `want`;
     /// returns trace lines. A pod is deleted as a scale-down would: its "ReplicaSet" mark goes
-    /// first, so that it is not recreated; a random one of them, drawn from `rng`.
+    /// first, so that it is not recreated; a random one of them, drawn from `rng`. A share
+    /// `do_not_disrupt` of new pods (drawn from `rng` when there is one) carries
+    /// `karpenter.sh/do-not-disrupt`.
     pub async fn follow(
         &mut self,
         cluster: &MemoryCluster,
         rng: &mut ChaCha8Rng,
         (pool, group): (&str, &str),
         want: u32,
-        requests: (&str, &str),
+        (requests, do_not_disrupt): ((&str, &str), f64),
     ) -> Vec<String> {
         let selector = Selector::from_iter([(POD_GROUP_LABEL.to_string(), group.to_string())]);
         let Ok(pods) = cluster
@@ -85,7 +96,13 @@ impl Workload {
         for _ in have..want {
             self.seq += 1;
             let name = format!("pod-{:06}", self.seq);
-            let pod = workload_pod(&name, (pool, group), requests.0, requests.1);
+            let mut pod = workload_pod(&name, (pool, group), requests.0, requests.1);
+            if do_not_disrupt > 0.0 && rng.random_bool(do_not_disrupt.min(1.0)) {
+                pod.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(DO_NOT_DISRUPT_ANNOTATION.into(), "true".into());
+            }
             if cluster.create(&pod).await.is_ok() {
                 lines.push(format!("demand pool {pool} create pod {name}"));
             }
@@ -95,6 +112,7 @@ impl Workload {
                 break;
             }
             let name = names.swap_remove(rng.random_range(0..names.len()));
+            self.deleting.note(&name);
             let unmark = json!({"metadata": {"annotations": {RECREATE_ANNOTATION: null}}});
             let _ = cluster
                 .patch::<Pod>(Some(POD_NAMESPACE), &name, &unmark)
@@ -109,6 +127,35 @@ impl Workload {
         }
         lines
     }
+}
+
+/// The PodDisruptionBudget over the pods of demand entry `index`.
+pub fn pdb(index: usize, spec: &SimPdb) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("pdb-{}", group(index))),
+            namespace: Some(POD_NAMESPACE.into()),
+            ..Default::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: spec.max_unavailable.as_ref().map(|x| x.to_k8s()),
+            min_available: spec.min_available.as_ref().map(|x| x.to_k8s()),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    POD_GROUP_LABEL.to_string(),
+                    group(index),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The `sim.kpssh.dev/group` label value of demand entry `index`.
+pub fn group(index: usize) -> String {
+    format!("d{index}")
 }
 
 /// `nodepool-limits`: each NodePool's NodeClaims (those being deleted too: their hosts are

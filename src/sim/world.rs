@@ -38,16 +38,29 @@ pub struct World {
     pub nodeclasses: ActorRef<NodeClassMsg>,
     /// The karpenter layer (provisioning, lifecycle, termination, disruption), when running.
     pub karpenter: Option<crate::karpenter::KarpenterHandles>,
+    /// Its settings (a restarted controller starts it with the same).
+    pub karpenter_config: crate::karpenter::KarpenterConfig,
 }
 
 impl World {
     /// Start the whole controller (actor core and karpenter layer) with `config` and `seed`.
     pub async fn start(config: Config, seed: u64) -> Result<World, ClusterError> {
+        let karpenter = crate::karpenter::KarpenterConfig::for_actors(&config);
+        Self::start_with(config, karpenter, seed).await
+    }
+
+    /// [`World::start`] with the karpenter layer's settings (e.g. node repair on).
+    pub async fn start_with(
+        config: Config,
+        karpenter: crate::karpenter::KarpenterConfig,
+        seed: u64,
+    ) -> Result<World, ClusterError> {
         let mut world = Self::start_bare(config, seed).await?;
-        let karpenter = crate::karpenter::spawn(&world.ctx)
+        let handles = crate::karpenter::spawn_with(&world.ctx, karpenter.clone())
             .await
             .map_err(spawn_error)?;
-        world.karpenter = Some(karpenter);
+        world.karpenter = Some(handles);
+        world.karpenter_config = karpenter;
         Ok(world)
     }
 
@@ -61,6 +74,7 @@ impl World {
         let cluster = MemoryCluster::new(clock.clone());
         let transport = SimTransport::new(cluster.clone());
         let ns = config.pool_namespace.clone();
+        let karpenter_config = crate::karpenter::KarpenterConfig::for_actors(&config);
         let ctx = Context::new(
             cluster.clone(),
             Arc::new(transport.clone()),
@@ -82,6 +96,7 @@ impl World {
             router,
             nodeclasses,
             karpenter: None,
+            karpenter_config,
         })
     }
 
@@ -163,7 +178,8 @@ impl World {
             nodeclasses,
         } = spawn_controller(&ctx).await.map_err(spawn_error)?;
         if restart_karpenter {
-            self.karpenter = Some(crate::karpenter::spawn(&ctx).await.map_err(spawn_error)?);
+            let handles = crate::karpenter::spawn_with(&ctx, self.karpenter_config.clone());
+            self.karpenter = Some(handles.await.map_err(spawn_error)?);
         }
         self.ctx = ctx;
         self.supervisor = supervisor;

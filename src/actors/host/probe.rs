@@ -214,6 +214,10 @@ async fn record_success<C: Cluster, T: Transport>(
         report_capacity_drift(state).await;
     }
     if zombie {
+        // A token that a failed launch or release could not delete goes first: the zombie
+        // leave below may run for minutes, and the token must not outlive its claim by that
+        // long (S27; found by the random campaign, examples/sim/regress/).
+        registration::collect_token(state).await?;
         Box::pin(registration::zombie_check(state)).await?;
     }
     match state.state() {

@@ -11,6 +11,7 @@ use super::{Runner, arrivals, name_of};
 use crate::api::NodeClaim;
 use crate::k8s::Cluster;
 use crate::sim::scenario::Demand;
+use crate::sim::workload;
 use crate::sim::world::node_claim;
 
 /// The desired node count of one demand entry at `t`.
@@ -20,6 +21,8 @@ pub(super) struct DemandCurve {
     pool: Option<String>,
     cpu: String,
     memory: String,
+    /// Share of new pods that carry `karpenter.sh/do-not-disrupt`.
+    do_not_disrupt: f64,
     steady: u32,
     /// Amplitude, peak hour, period in hours.
     diurnal: Option<(u32, f64, f64)>,
@@ -63,6 +66,7 @@ impl DemandCurve {
             pool: d.pool.clone(),
             cpu: d.cpu.clone(),
             memory: d.memory.clone(),
+            do_not_disrupt: d.do_not_disrupt,
             steady: d.steady,
             diurnal: d
                 .diurnal
@@ -134,14 +138,14 @@ impl Runner<'_> {
         for (i, curve) in curves.iter().enumerate() {
             let Some(pool) = &curve.pool else { continue };
             let requests = (curve.cpu.as_str(), curve.memory.as_str());
-            let group = format!("d{i}");
+            let group = workload::group(i);
             let lines = w
                 .follow(
                     &cluster,
                     &mut self.rng,
                     (pool, &group),
                     curve.at(now),
-                    requests,
+                    (requests, curve.do_not_disrupt),
                 )
                 .await;
             for l in lines {

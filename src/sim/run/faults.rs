@@ -23,6 +23,7 @@ pub(super) enum FaultKind {
     ControllerCrash,
     ForceDelete,
     ProfileBump,
+    Partition,
 }
 
 impl FaultKind {
@@ -36,15 +37,16 @@ impl FaultKind {
             FaultKind::ControllerCrash => "controller_crash",
             FaultKind::ForceDelete => "force_delete",
             FaultKind::ProfileBump => "profile_bump",
+            FaultKind::Partition => "partition",
         }
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Agenda {
-    /// A fault strikes (host index for host faults).
+    /// A fault strikes (host index for host faults, class index for a partition).
     Fault(FaultKind, usize),
-    /// A host fault ends.
+    /// A host fault or a partition ends.
     End(FaultKind, usize),
 }
 
@@ -122,6 +124,13 @@ pub(super) fn schedule(
             agenda.insert((t, seq), Agenda::Fault(kind, 0));
         }
     }
+    if let Some(p) = &f.partition {
+        for t in arrivals(rng, p.rate_per_hour, sc.duration) {
+            let class = rng.random_range(0..sc.classes.len().max(1));
+            seq += 1;
+            agenda.insert((t, seq), Agenda::Fault(FaultKind::Partition, class));
+        }
+    }
     (agenda, seq)
 }
 
@@ -169,6 +178,32 @@ impl Runner<'_> {
                 self.checks.disturbed.insert(name, now + duration);
                 Some((now + duration, Agenda::End(*kind, *i)))
             }
+            Agenda::Fault(FaultKind::Partition, class) => {
+                let class = self.sc.classes.get(*class)?.name.clone();
+                let duration = self.sc.faults.partition.as_ref()?.duration;
+                if self
+                    .partitioned
+                    .get(&class)
+                    .is_some_and(|until| *until > now)
+                {
+                    return None;
+                }
+                *self.faults.entry("partition".into()).or_default() += 1;
+                self.line(now, format!("fault partition {class} for {duration:?}"));
+                self.partitioned.insert(class, now + duration);
+                Some((now + duration, Agenda::End(FaultKind::Partition, 0)))
+            }
+            Agenda::End(FaultKind::Partition, _) => {
+                let over: Vec<String> = (self.partitioned.iter())
+                    .filter(|(_, until)| **until <= now)
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                for class in over {
+                    self.partitioned.remove(&class);
+                    self.line(now, format!("fault partition {class} ends"));
+                }
+                None
+            }
             Agenda::End(kind, i) => {
                 let info = &self.infos[*i];
                 let (address, fp) = (info.address.clone(), info.fingerprint.clone());
@@ -208,6 +243,7 @@ impl Runner<'_> {
                     return None;
                 }
                 let name = live[self.rng.random_range(0..live.len())].clone();
+                self.own.note_claim(&name);
                 let cluster = self.cluster();
                 self.suspend(true);
                 let patch = json!({"metadata": {"finalizers": null}});

@@ -23,9 +23,11 @@ use sha2::{Digest, Sha256};
 
 mod account;
 mod checks;
+mod control_plane;
 mod demand;
 mod faults;
 mod observe;
+pub mod safety;
 
 use self::account::percentile;
 use self::checks::Checks;
@@ -34,12 +36,13 @@ use self::faults::arrivals;
 use super::host::SimHost;
 use super::mirror::Mirror;
 use super::scenario::Scenario;
-use super::workload::Workload;
+use super::workload::{self, Workload};
 use super::world::{World, node_class, node_pool, sim_profile};
 use crate::actors::Config;
 use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, SSHHost};
 use crate::k8s::memory::WriteKind;
 use crate::k8s::{Cluster, ClusterError, MemoryCluster, WatchEvent, WatchStream};
+use crate::karpenter::KarpenterConfig;
 
 pub const PROFILE: &str = "sim";
 const TOKEN_NS: &str = "kube-system";
@@ -225,6 +228,14 @@ struct Runner<'a> {
     claim_live: Vec<bool>,
     checks: Checks,
     node_deletions: Arc<Mutex<Vec<Violation>>>,
+    /// The workload-safety checker's findings (`safety`).
+    safety: safety::SafetyLog,
+    /// What the simulation deletes itself (exempt from the safety invariants).
+    own: safety::OwnDeletions,
+    /// Classes cut off from the API by a partition fault, until when.
+    partitioned: BTreeMap<String, Duration>,
+    /// Nodes whose kubelet is not running as them, since when (node lifecycle).
+    kubelet_down: HashMap<String, Duration>,
     suspended: Arc<AtomicBool>,
     api_faults: Arc<AtomicU64>,
     hasher: Sha256,
@@ -295,7 +306,11 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         ssh_dials_per_second: sc.controller.ssh_dials_per_second,
         ..Config::default()
     };
-    let world = World::start(config, seed)
+    let karpenter = KarpenterConfig {
+        node_repair: sc.controller.node_repair,
+        ..KarpenterConfig::for_actors(&config)
+    };
+    let world = World::start_with(config, karpenter, seed)
         .await
         .map_err(|e| e.to_string())?;
     world.transport.seed(seed ^ 0x5151_5151);
@@ -326,7 +341,14 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
             .map(|(k, v)| (k.clone(), Quantity(v.clone())))
             .collect();
         np.spec.disruption.consolidate_after = Some(p.consolidate_after.clone());
+        np.spec.template.spec.termination_grace_period = p.termination_grace_period.clone();
+        np.spec.template.spec.expire_after = p.expire_after.clone();
         cluster.create(&np).await.map_err(e)?;
+    }
+    for (i, d) in sc.demand.iter().enumerate() {
+        if let Some(b) = &d.pdb {
+            cluster.create(&workload::pdb(i, b)).await.map_err(e)?;
+        }
     }
     let mut infos = vec![];
     for c in &sc.classes {
@@ -349,11 +371,19 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
             world.add_host(&name, &c.name, sim).await.map_err(e)?;
         }
     }
+    let own = safety::OwnDeletions::default();
     let workload = if sc.demand.iter().any(|d| d.pool.is_some()) {
-        Some(Workload::start(&cluster, world.ctx.clock.clone()).await)
+        Some(Workload::start(&cluster, world.ctx.clock.clone(), own.clone()).await)
     } else {
         None
     };
+    let (safety_log, _safety) = safety::spawn(
+        &cluster,
+        world.ctx.clock.clone(),
+        world.transport.clone(),
+        own.clone(),
+        KarpenterConfig::default().repair_toleration,
+    );
     // API faults, drawn from their own stream so they do not shift the others.
     let suspended = Arc::new(AtomicBool::new(false));
     let api_faults = Arc::new(AtomicU64::new(0));
@@ -471,6 +501,10 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         claim_live: vec![false; hosts],
         checks: Checks::default(),
         node_deletions,
+        safety: safety_log,
+        own,
+        partitioned: BTreeMap::new(),
+        kubelet_down: HashMap::new(),
         suspended,
         api_faults,
         hasher: Sha256::new(),
@@ -523,6 +557,8 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         r.observe(at);
         r.check(at);
         r.account(at, sc.step);
+        r.node_lifecycle(at).await;
+        r.pod_gc(at).await;
         r.drive_demand(at, &curves).await;
         r.drive_pods(at, &curves).await;
         if opts.progress {

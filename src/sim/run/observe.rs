@@ -240,13 +240,25 @@ impl Runner<'_> {
             self.line(now, line);
         }
         self.events_seen += events.len();
-        self.world.cluster.forget_events_before(self.events_seen);
+        // Only what the safety checker has read too (it looks for repairs as they happen).
+        let read = self
+            .safety
+            .events_read
+            .load(std::sync::atomic::Ordering::SeqCst);
+        (self.world.cluster).forget_events_before(self.events_seen.min(read));
         for (what, text) in texts {
             self.checks.scan(now, &what, &text);
         }
-        let deletions: Vec<Violation> = std::mem::take(
+        let mut deletions: Vec<Violation> = std::mem::take(
             &mut *self
                 .node_deletions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        deletions.append(
+            &mut self
+                .safety
+                .violations
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
         );
