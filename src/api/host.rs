@@ -121,6 +121,11 @@ pub struct SSHHostStatus {
     pub provider_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_key_fingerprint: Option<String>,
+    /// The bastion's host key, pinned on first use like `hostKeyFingerprint` (unless the
+    /// bastion's key Secret carries `knownHost`, which wins); for the bastion at `endpoint`
+    /// only: a `spec.proxyJump` pointing elsewhere is pinned anew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_jump_host_key: Option<PinnedHostKey>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_capacity: Option<BTreeMap<String, Quantity>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,6 +182,17 @@ pub struct LaunchBackoff {
     /// recorded: a Secret edited since then resets the backoff.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_version: Option<String>,
+}
+
+/// A host key pinned for one SSH endpoint.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PinnedHostKey {
+    /// `address:port` the key was seen at.
+    #[schemars(length(min = 1, max = 260))]
+    pub endpoint: String,
+    /// `SHA256:` and 43 base64 characters.
+    #[schemars(length(min = 1, max = 128))]
+    pub fingerprint: String,
 }
 
 /// The NodeClaim holding a host, by name and UID (a reused name is a different claim).
