@@ -12,6 +12,8 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v pkill >/dev/null 2>&1 || need+=(procps)
 command -v ss >/dev/null 2>&1 || need+=(iproute2)
+# promtool checks and unit-tests the chart's alert rules (tests/alerts.rs).
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if ((${#need[@]})); then
   echo "test-deps: installing ${need[*]}" >&2
@@ -22,6 +24,6 @@ fi
 
 # sshd refuses to start without its privilege-separation directory.
 mkdir -p /run/sshd
-for tool in /usr/sbin/sshd ssh-keygen sudo shellcheck openssl go cargo; do
+for tool in /usr/sbin/sshd ssh-keygen sudo shellcheck openssl promtool go cargo; do
   command -v "$tool" >/dev/null 2>&1 || { echo "test-deps: $tool is still missing" >&2; exit 1; }
 done

@@ -1,15 +1,19 @@
 //! Fault campaigns over the deterministic simulation (issue #7): many seeds with mixed
 //! faults, zero invariant violations; the same seed twice gives one trace hash; `kpssh sim
-//! --json` has every key.
+//! --json` has every key. Random scenarios (issue #24): a whole scenario drawn per seed, from
+//! a fixed range that the log prints; a failing one is shrunk and printed as YAML.
 //!
 //! `KPSSH_CAMPAIGN_SEEDS=5000 cargo test --test campaign -- --nocapture` runs a longer campaign
-//! (`KPSSH_CAMPAIGN_FIRST` moves the first seed).
+//! (`KPSSH_CAMPAIGN_FIRST` moves the first seed); `KPSSH_RANDOM_SEEDS=N KPSSH_RANDOM_FIRST=K`
+//! sweeps another range of random scenarios.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use kpssh::sim::generate::random_scenario;
 use kpssh::sim::run::{RunOptions, Summary, run_blocking};
 use kpssh::sim::scenario::Scenario;
+use kpssh::sim::shrink::shrink;
 
 /// A small fleet under every fault at once, at rates far above any real fleet's.
 const CAMPAIGN: &str = include_str!("../examples/sim/campaign.yaml");
@@ -25,8 +29,18 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// Seeds run on two threads (each simulation is single-threaded and deterministic).
 fn campaign(scenario: &Scenario, first: u64, seeds: u64) -> Vec<Summary> {
+    campaign_of(first, seeds, |_| scenario.clone())
+}
+
+/// `scenario_of(seed)` run with `seed` for each seed of the range, on two threads.
+fn campaign_of(
+    first: u64,
+    seeds: u64,
+    scenario_of: impl Fn(u64) -> Scenario + Sync,
+) -> Vec<Summary> {
     let opts = RunOptions::default();
     let lanes = 2;
+    let scenario_of = &scenario_of;
     let mut runs: Vec<Summary> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..lanes)
             .map(|lane| {
@@ -35,8 +49,10 @@ fn campaign(scenario: &Scenario, first: u64, seeds: u64) -> Vec<Summary> {
                     (first..first + seeds)
                         .filter(|seed| seed % lanes == lane)
                         .map(|seed| {
-                            run_blocking(scenario, seed, opts)
-                                .expect("simulation runs")
+                            run_blocking(&scenario_of(seed), seed, opts)
+                                .unwrap_or_else(|e| {
+                                    panic!("seed {seed}: the simulation fails: {e}")
+                                })
                                 .summary
                         })
                         .collect::<Vec<_>>()
@@ -197,6 +213,139 @@ fn regression_seeds_hold_every_invariant() {
             summary.invariant_violations
         );
     }
+}
+
+/// Random scenarios (issue #24): each seed of a fixed range draws a whole scenario (fleet,
+/// demand shapes, NodePools and limits, every fault kind at its own rate) and runs it; no
+/// invariant may break. A failing seed is shrunk to the smallest scenario that still fails,
+/// printed as YAML: save it under examples/sim/regress/ once the cause is fixed.
+#[test]
+fn random_scenarios_hold_every_invariant() {
+    let seeds = env_u64("KPSSH_RANDOM_SEEDS", 300);
+    let first = env_u64("KPSSH_RANDOM_FIRST", 1);
+    say(&format!(
+        "random scenarios: seeds {first}..={} (KPSSH_RANDOM_FIRST={first} KPSSH_RANDOM_SEEDS={seeds}; one: kpssh sim --random-scenario SEED)",
+        first + seeds - 1
+    ));
+    let start = Instant::now();
+    let runs = campaign_of(first, seeds, random_scenario);
+    let violations = report("random scenarios", &runs, start.elapsed());
+    let hosts: usize = runs.iter().map(|s| s.hosts).sum();
+    let limited = runs
+        .iter()
+        .filter(|s| s.provisioning_blocked_by_limits > 0)
+        .count();
+    say(&format!(
+        "random scenarios: {hosts} hosts in all, NodePool limits held pods pending in {limited} runs"
+    ));
+    assert!(
+        runs.iter().filter(|s| s.faults_total() > 0).count() * 10 >= runs.len() * 9,
+        "faults strike in almost every run"
+    );
+    if violations.is_empty() {
+        return;
+    }
+    // Shrink the first failing seed of each invariant (a few, to keep the log readable).
+    let mut shrunk = BTreeMap::new();
+    for s in &runs {
+        for v in &s.invariant_violations {
+            if shrunk.len() < 3 && !shrunk.contains_key(&v.invariant) {
+                let sc = random_scenario(s.seed);
+                if let Some(small) = shrink(&sc, s.seed, &v.invariant, 60) {
+                    let yaml = kpssh::cli::sim::scenario_yaml(&small.scenario).unwrap_or_default();
+                    say(&format!(
+                        "seed {} ({}) shrunk in {} runs to:\n{yaml}  -> {} at {}s: {}",
+                        s.seed,
+                        v.invariant,
+                        small.runs,
+                        small.violation.invariant,
+                        small.violation.at_seconds,
+                        small.violation.message
+                    ));
+                }
+                shrunk.insert(v.invariant.clone(), s.seed);
+            }
+        }
+    }
+    panic!(
+        "{} violations (shrunk scenarios above):\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
+}
+
+/// Every regression scenario that a campaign found (examples/sim/regress/, each with the seed
+/// it failed with) runs clean.
+#[test]
+fn regression_files_hold_every_invariant() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sim/regress");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    files.sort();
+    let mut failed = vec![];
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("read regression scenario");
+        let sc = Scenario::from_yaml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let summary = run_blocking(&sc, sc.seed, &RunOptions::default())
+            .expect("simulation runs")
+            .summary;
+        for v in summary.invariant_violations {
+            failed.push(format!(
+                "{}: {} at {}s: {}",
+                path.display(),
+                v.invariant,
+                v.at_seconds,
+                v.message
+            ));
+        }
+    }
+    say(&format!("regression scenarios: {} files", files.len()));
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// `kpssh sim --random-scenario N --print-scenario` writes a file that `--scenario` replays
+/// to the same trace hash as the drawn scenario itself.
+#[test]
+fn a_printed_random_scenario_replays_exactly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("drawn.yaml");
+    let kpssh = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpssh"))
+            .args(args)
+            .output()
+            .expect("kpssh runs");
+        assert!(
+            out.status.success() || out.status.code() == Some(3),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let seed = "11";
+    let yaml = kpssh(&["sim", "--random-scenario", seed, "--print-scenario"]);
+    assert!(
+        yaml.contains("name: random-11") && yaml.contains("seed: 11"),
+        "{yaml}"
+    );
+    std::fs::write(&file, &yaml).expect("write");
+    let hash = |table: &str| {
+        table
+            .lines()
+            .find_map(|l| l.strip_prefix("trace hash"))
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|| panic!("no trace hash in {table}"))
+    };
+    let drawn = hash(&kpssh(&["sim", "-q", "--random-scenario", seed]));
+    let file_arg = file.to_string_lossy().into_owned();
+    let replayed = hash(&kpssh(&["sim", "-q", "--scenario", &file_arg]));
+    assert_eq!(
+        drawn, replayed,
+        "the printed scenario replays the drawn run"
+    );
+    let other = hash(&kpssh(&["sim", "-q", "--random-scenario", "12"]));
+    assert_ne!(drawn, other, "another seed draws another run");
 }
 
 #[test]

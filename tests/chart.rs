@@ -752,16 +752,16 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
         Err(ClusterError::Forbidden { message, .. }) => message,
         other => panic!("{what} must be forbidden, got {other:?}"),
     };
-    // Secrets: get by name in the pool namespace, nothing else there.
+    // Secrets: read in the pool namespace, nothing else there.
     let got: Option<Secret> = sa
         .get(Some(POOL), "host-key")
         .await
         .expect("get pool secret");
     assert!(got.is_some());
-    forbidden(
-        sa.list::<Secret>(Some(POOL), None).await.map(|_| ()),
-        "listing pool secrets",
-    );
+    // Listed and watched in the pool namespace only: a rotated key or pin is probed at once (S63).
+    sa.list::<Secret>(Some(POOL), None)
+        .await
+        .expect("list pool secrets");
     forbidden(
         sa.create(&secret(POOL, "planted")).await.map(|_| ()),
         "creating a secret in the pool namespace",
@@ -993,6 +993,7 @@ fn full_exposition() -> String {
         PhaseLabels, ReasonLabels, StageLabels,
     };
     let m = Metrics::new();
+    m.launch_failed("small", "install");
     let view = HostView::default();
     view.upsert(kpssh::sim::world::host_object(
         "pool",
@@ -1121,8 +1122,8 @@ fn alerts_use_only_metrics_the_controller_exposes() {
     let exprs = alert_exprs(&objs);
     assert_eq!(
         exprs.len(),
-        4,
-        "unhealthy, zombies, join failures, no claimable host"
+        7,
+        "unhealthy, zombies, launch failure rate, launches failing, backing off, flapping, no claimable host"
     );
     check_references("the PrometheusRule", &exprs);
 }

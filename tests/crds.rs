@@ -111,12 +111,15 @@ fn sshhost_schema_holds_the_contract() {
         columns,
         [
             "Address",
+            "Port",
             "Class",
             "State",
             "Ready",
             "Claim",
             "Installed",
-            "Age"
+            "Backoff",
+            "Age",
+            "Error"
         ]
     );
 }

@@ -772,15 +772,17 @@ async fn cli_probe_prints_json_or_fails_with_1() {
         known_host: Some(sshd.fingerprint()),
     };
     let args = ProbeArgs {
-        target: target.clone(),
+        host: None,
+        wait: std::time::Duration::from_secs(60),
+        target: Some(target.clone()),
         verified: false,
     };
     assert_eq!(run(args.clone()).await.expect("run"), 0);
     let wrong = ProbeArgs {
-        target: TargetArgs {
+        target: Some(TargetArgs {
             known_host: Some(sshd::keygen(sshd.dir.path(), "x", "ed25519", None).fingerprint()),
             ..target
-        },
+        }),
         ..args
     };
     assert_eq!(run(wrong).await.expect("run"), 1);

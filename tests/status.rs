@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use controlplane::ControlPlane;
 use k8s_openapi::api::core::v1::Namespace;
-use kpssh::api::{ClaimRef, HostState, SSHHost, SSHHostStatus, crds};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kpssh::api::{ClaimRef, HostState, LaunchBackoff, LaunchFailure, SSHHost, SSHHostStatus, crds};
 use kpssh::k8s::{Cluster, KubeCluster};
 use kpssh::sim::SimHost;
 use kpssh::sim::world::{host_object, node_claim, node_class, sim_profile};
@@ -97,6 +98,30 @@ async fn status_table_and_json_from_a_real_api_server() {
         },
     )
     .await;
+    // S63: Available, but backing off after two failed installs: not claimable.
+    host(
+        &c,
+        "flaky-1",
+        "small",
+        SSHHostStatus {
+            state: HostState::Available,
+            launch_backoff: Some(LaunchBackoff {
+                failures: 2,
+                until: Some(Time("2030-01-02T03:04:05Z".parse().expect("time"))),
+                secret_version: None,
+            }),
+            last_launch_failure: Some(LaunchFailure {
+                phase: "install".into(),
+                reason: "LaunchFailed".into(),
+                exit_status: Some(100),
+                message: "E: Unable to locate package kubelet".into(),
+                node_claim: Some("gone-claim".into()),
+                time: Time("2030-01-02T03:02:05Z".parse().expect("time")),
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
     host(
         &c,
         "busy-1",
@@ -136,22 +161,39 @@ async fn status_table_and_json_from_a_real_api_server() {
         .iter()
         .find(|c| c["class"] == "small")
         .expect("small");
-    assert_eq!(small["hosts"], 4);
-    assert_eq!(small["states"]["Available"], 3);
+    assert_eq!(small["hosts"], 5);
+    assert_eq!(small["states"]["Available"], 4);
     assert_eq!(small["states"]["Unhealthy"], 1);
     assert_eq!(small["states"]["InUse"], 0, "zero states are listed");
-    assert_eq!(small["claimable"], 3);
+    assert_eq!(small["backing_off"], 1);
+    assert_eq!(
+        small["claimable"], 3,
+        "the backing-off host is not claimable"
+    );
     assert_eq!(
         small["warm"], 1,
         "only the current marker st-prof@3 is warm: {json}"
     );
     let ratio = small["warm_ratio"].as_f64().expect("ratio");
     assert!((ratio - 1.0 / 3.0).abs() < 1e-9);
-    assert_eq!(small["errors"][0]["host"], "sick-1");
+    let errors = small["errors"].as_array().expect("errors");
+    let sick = errors
+        .iter()
+        .find(|e| e["host"] == "sick-1")
+        .expect("sick-1");
+    assert_eq!(sick["error"], "kpssh-status/sick-1: connection refused");
+    assert_eq!(sick["kind"], "probe");
+    let flaky = errors
+        .iter()
+        .find(|e| e["host"] == "flaky-1")
+        .expect("flaky-1");
+    assert_eq!(flaky["kind"], "launch");
     assert_eq!(
-        small["errors"][0]["error"],
-        "kpssh-status/sick-1: connection refused"
+        flaky["error"],
+        "install failed: E: Unable to locate package kubelet"
     );
+    assert_eq!(flaky["failed_launches"], 2);
+    assert_eq!(flaky["backoff_until"], "2030-01-02T03:04:05Z");
     let big = classes.iter().find(|c| c["class"] == "big").expect("big");
     assert_eq!(big["claimable"], 0);
     assert_eq!(big["warm_ratio"], 0.0);
@@ -174,10 +216,17 @@ async fn status_table_and_json_from_a_real_api_server() {
         .find(|l| l.starts_with("small "))
         .expect("small row");
     let cols: Vec<&str> = small_line.split_whitespace().collect();
-    // CLASS HOSTS AVAILABLE CLAIMED INUSE LEAVING UNHEALTHY PENDING MAINTENANCE CLAIMABLE WARM
+    // CLASS HOSTS AVAILABLE CLAIMED INUSE LEAVING UNHEALTHY PENDING MAINTENANCE BACKOFF
+    // CLAIMABLE WARM
     assert_eq!(
         cols,
-        ["small", "4", "3", "0", "0", "0", "1", "0", "0", "3", "33%"],
+        [
+            "small", "5", "4", "0", "0", "0", "1", "0", "0", "1", "3", "33%"
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("flaky-1  (small, Available, backing off until 2030-01-02T03:04:05Z after 2 failed launch(es))  install failed: E: Unable to locate package kubelet"),
         "{text}"
     );
     assert!(text.contains("Hosts with errors:"), "{text}");

@@ -3,6 +3,7 @@
 //! A host's status is only ever written by its own actor, except the claim itself, which the
 //! router writes as a compare-and-swap that the actor's own writes are fenced against.
 
+pub mod availability;
 pub mod config;
 pub mod context;
 pub mod drift;

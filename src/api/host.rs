@@ -21,12 +21,15 @@ use super::{DEFAULT_HOST_CLASS, HOST_CLASS_LABEL, MAINTENANCE_ANNOTATION, PROBE_
     shortname = "sshh",
     category = "karpenter",
     printcolumn = r#"{"name":"Address","type":"string","jsonPath":".spec.address"}"#,
+    printcolumn = r#"{"name":"Port","type":"integer","jsonPath":".spec.port"}"#,
     printcolumn = r#"{"name":"Class","type":"string","jsonPath":".metadata.labels.karpenter\\.dklesev\\.github\\.io/host-class"}"#,
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Claim","type":"string","jsonPath":".status.claimRef.name"}"#,
     printcolumn = r#"{"name":"Installed","type":"string","jsonPath":".status.installedProfile"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Backoff","type":"date","jsonPath":".status.launchBackoff.until"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Error","type":"string","jsonPath":".status.conditions[?(@.status==\"False\")].message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(

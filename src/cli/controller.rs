@@ -26,11 +26,14 @@ pub struct ControllerArgs {
     /// writes nothing before that).
     #[arg(long, env = "KPSSH_PROBE_REFRESH", default_value = "1h", value_parser = parse_duration)]
     pub probe_refresh: Duration,
+    /// Probes running at once, fleet-wide (each holds one SSH session for a few seconds).
     #[arg(long, env = "KPSSH_MAX_CONCURRENT_PROBES", default_value_t = 64)]
     pub max_concurrent_probes: usize,
     /// Launches (install through join) running at once; leaves have as many slots again.
     #[arg(long, env = "KPSSH_MAX_CONCURRENT_PHASES", default_value_t = 32)]
     pub max_concurrent_phases: usize,
+    /// New SSH connections opened per second, fleet-wide (so that a restart or a burst never
+    /// stampedes the hosts or a bastion; pooled connections are reused without a dial).
     #[arg(long, env = "KPSSH_SSH_DIALS_PER_SECOND", default_value_t = 50)]
     pub ssh_dials_per_second: u32,
     /// NodeClaims the router claims hosts for at once during a burst.

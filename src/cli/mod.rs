@@ -4,6 +4,7 @@ pub mod controller;
 pub mod crds;
 pub mod phase;
 pub mod probe;
+pub mod probe_request;
 pub mod sign;
 pub mod sim;
 pub mod status;
@@ -27,7 +28,8 @@ pub enum Command {
     Crds(crds::CrdsArgs),
     /// Render one phase of a profile and run it on one host; exits with the script's status.
     Phase(Box<phase::PhaseArgs>),
-    /// Probe one host over SSH and print its facts as JSON.
+    /// Probe one host over SSH and print its facts as JSON, or (`--host`) ask the controller to
+    /// probe an SSHHost now.
     Probe(probe::ProbeArgs),
     /// Sign an SSHJoinProfile's scripts (v1 and v2 signatures) with ssh-keygen.
     Sign(sign::SignArgs),

@@ -34,8 +34,11 @@ pub struct PhaseArgs {
     /// Override the profile's timeout for this phase (90s, 5m, 1h30m).
     #[arg(long, value_parser = super::controller::parse_duration)]
     pub timeout: Option<Duration>,
+    /// API server URL the host joins (`KPSSH_CLUSTER_ENDPOINT`; the controller takes it from
+    /// the node class's spec.cluster or kube-public/cluster-info). Needed by join and install.
     #[arg(long, default_value = "")]
     pub cluster_endpoint: String,
+    /// Base64 of the API server's CA bundle (`KPSSH_CLUSTER_CA_B64`).
     #[arg(long, default_value = "")]
     pub cluster_ca_b64: String,
     /// Bootstrap token for join (`<id>.<secret>`). Redacted from output.
@@ -100,7 +103,16 @@ pub async fn run(args: PhaseArgs) -> anyhow::Result<i32> {
         allow_v1: args.allow_v1,
     };
     let (mut cmd, redactor) = plan(&host, &profile, phase, &ctx, jiff::Timestamp::now(), policy)
-        .map_err(|f| anyhow::anyhow!(f.message))?;
+        .map_err(|f| {
+            // The renderer names the controller's fixes; by hand the fix is a flag.
+            if args.cluster_endpoint.is_empty() && f.message.contains("needs a cluster endpoint") {
+                anyhow::anyhow!(
+                    "{phase} needs a cluster endpoint: pass --cluster-endpoint https://<api-server>:6443 and --cluster-ca-b64 <base64 CA bundle>"
+                )
+            } else {
+                anyhow::anyhow!(f.message)
+            }
+        })?;
     if let Some(t) = args.timeout {
         cmd.timeout = t;
     }

@@ -2,13 +2,24 @@
 //!
 //! Prints `{"cpu":…,"memoryKiB":…,"arch":…,"kubeletActive":…,"fingerprint":…}` and exits 0, or
 //! prints the error (which names the host and never contains key material) and exits 1.
+//!
+//! `kpssh probe --host NS/NAME` instead asks the running controller to probe an SSHHost now
+//! (it sets the `karpenter.dklesev.github.io/probe-requested` annotation), waits until the
+//! host's `status.lastProbeTime` shows that probe, and prints the host's state and error.
 
 use crate::ssh::{RusshTransport, Transport, TransportConfig};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProbeArgs {
+    /// Ask the controller to probe this SSHHost (`NAMESPACE/NAME`, or `NAME` in the pool
+    /// namespace) now, through the cluster of the current kubeconfig, and print the outcome.
+    #[arg(long, conflicts_with_all = ["address", "key"])]
+    pub host: Option<String>,
+    /// With `--host`: how long to wait for the controller's probe (Go duration).
+    #[arg(long, default_value = "60s", value_parser = super::controller::parse_duration)]
+    pub wait: std::time::Duration,
     #[command(flatten)]
-    pub target: super::target::TargetArgs,
+    pub target: Option<super::target::TargetArgs>,
     /// Probe a Verified host through its shim (sends the command `probe`).
     #[arg(long)]
     pub verified: bool,
@@ -26,7 +37,15 @@ struct Output<'a> {
 }
 
 pub async fn run(args: ProbeArgs) -> anyhow::Result<i32> {
-    let target = args.target.target()?;
+    if let Some(host) = &args.host {
+        return super::probe_request::run(host, args.wait).await;
+    }
+    let Some(target) = &args.target else {
+        anyhow::bail!(
+            "say which host: --host NAMESPACE/NAME (through the controller), or --address and --key (directly over SSH)"
+        );
+    };
+    let target = target.target()?;
     let transport = RusshTransport::new(TransportConfig::default());
     let shim = args.verified.then_some("kpssh-shim");
     match transport.probe(&target, shim).await {

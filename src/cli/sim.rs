@@ -6,16 +6,24 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use clap::Args;
 
-use crate::sim::report;
 use crate::sim::run::{RunOptions, Summary, run_blocking};
 use crate::sim::scenario::Scenario;
+use crate::sim::{generate, report};
 
 #[derive(Args, Debug, Clone)]
 pub struct SimArgs {
     /// Scenario file (YAML); without it the built-in scenario runs (a few hundred hosts, a
     /// virtual day of diurnal demand with bursts and a few faults).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "random_scenario")]
     pub scenario: Option<PathBuf>,
+    /// Draw a whole scenario from SEED (fleet, demand shapes, NodePools, faults); the run's
+    /// seed is SEED too unless `--seed` is given. `--print-scenario` shows what was drawn.
+    #[arg(long, value_name = "SEED")]
+    pub random_scenario: Option<u64>,
+    /// Print the scenario as YAML on stdout and exit without running it: a drawn scenario
+    /// becomes a file that `--scenario` replays exactly (same trace hash).
+    #[arg(long)]
+    pub print_scenario: bool,
     /// Seed of every random draw (default: the scenario's `seed`).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -42,8 +50,15 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
                 .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             (sc, path.parent().map(PathBuf::from))
         }
-        None => (Scenario::builtin(), None),
+        None => match args.random_scenario {
+            Some(seed) => (generate::random_scenario(seed), None),
+            None => (Scenario::builtin(), None),
+        },
     };
+    if args.print_scenario {
+        print!("{}", scenario_yaml(&scenario)?);
+        return Ok(0);
+    }
     let seed = args.seed.unwrap_or(scenario.seed);
     let opts = RunOptions {
         keep_trace: args.trace.is_some(),
@@ -85,6 +100,15 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
     } else {
         3
     })
+}
+
+/// The scenario as a file `--scenario` reads back to the same scenario.
+pub fn scenario_yaml(scenario: &Scenario) -> anyhow::Result<String> {
+    let body = serde_yaml::to_string(scenario).context("writing the scenario as YAML")?;
+    Ok(format!(
+        "# kpssh sim scenario {:?} (replay: kpssh sim --scenario FILE)\n{body}",
+        scenario.name
+    ))
 }
 
 /// The summary table printed on stdout.

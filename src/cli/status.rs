@@ -1,6 +1,7 @@
 //! `kpssh status` (also `kubectl kpssh status` when installed as `kubectl-kpssh`): the pool at
-//! a glance, read from the cluster: per host class the hosts by state, how many are claimable
-//! and how many of those are warm, the hosts with errors and their last error, and the claims
+//! a glance, read from the cluster: per host class the hosts by state, how many are backing off
+//! after failed launches, how many are claimable and how many of those are warm, the hosts with
+//! errors (their last probe error or last failed launch, and their backoff), and the claims
 //! with their NodeClaim and its age. `-o json` prints the same report as JSON.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,7 +52,9 @@ pub struct ClassReport {
     pub hosts: usize,
     /// Every state, zero included.
     pub states: BTreeMap<String, usize>,
-    /// Available and not in maintenance.
+    /// Hosts whose launch backoff runs (S63): not claimed until it ends.
+    pub backing_off: usize,
+    /// Available, not in maintenance and not backing off.
     pub claimable: usize,
     /// Claimable with an install marker current for some node class: joins in seconds.
     pub warm: usize,
@@ -66,6 +69,14 @@ pub struct HostError {
     pub host: String,
     pub state: String,
     pub error: String,
+    /// `probe` (status.lastProbeError) or `launch` (status.lastLaunchFailure, with its phase).
+    pub kind: String,
+    /// Consecutive failed launches, when a backoff is recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_launches: Option<i32>,
+    /// When the host may be claimed again, while its backoff runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff_until: Option<String>,
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -160,6 +171,7 @@ fn class_report(
         .map(|s| (s.as_str().to_string(), 0))
         .collect();
     let mut claimable = 0;
+    let mut backing_off = 0;
     let mut warm = 0;
     let mut errors = vec![];
     let mut rows = vec![];
@@ -168,7 +180,10 @@ fn class_report(
         let state = h.state();
         *states.entry(state.as_str().to_string()).or_default() += 1;
         let status = h.status.as_ref();
-        if state == HostState::Available && !h.in_maintenance() {
+        if h.backing_off() {
+            backing_off += 1;
+        }
+        if state == HostState::Available && !h.in_maintenance() && !h.backing_off() {
             claimable += 1;
             if status
                 .and_then(|s| s.installed_profile.as_ref())
@@ -177,11 +192,26 @@ fn class_report(
                 warm += 1;
             }
         }
-        if let Some(e) = status.and_then(|s| s.last_probe_error.as_ref()) {
+        let backoff = status.and_then(|s| s.launch_backoff.as_ref());
+        let failed_launches = backoff.map(|b| b.failures);
+        let backoff_until = backoff
+            .and_then(|b| b.until.as_ref())
+            .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+        let probe_error = status.and_then(|s| s.last_probe_error.as_ref());
+        let launch_failure = status.and_then(|s| s.last_launch_failure.as_ref());
+        let error = match (probe_error, launch_failure) {
+            (Some(e), _) => Some(("probe", e.clone())),
+            (None, Some(f)) => Some(("launch", format!("{} failed: {}", f.phase, f.message))),
+            (None, None) => None,
+        };
+        if let Some((kind, error)) = error {
             errors.push(HostError {
                 host: name.clone(),
                 state: state.as_str().to_string(),
-                error: e.clone(),
+                error,
+                kind: kind.to_string(),
+                failed_launches,
+                backoff_until,
             });
         }
         if let Some(c) = h.claim() {
@@ -209,6 +239,7 @@ fn class_report(
         class,
         hosts: hosts.len(),
         states,
+        backing_off,
         claimable,
         warm,
         warm_ratio,
@@ -249,7 +280,7 @@ pub fn render(r: &Report) -> String {
     for (_, h) in short {
         let _ = write!(header, " {h:>w$}", w = h.len());
     }
-    let _ = writeln!(out, "{header} CLAIMABLE  WARM");
+    let _ = writeln!(out, "{header} BACKOFF CLAIMABLE  WARM");
     for c in &r.classes {
         let mut line = format!("{:<16} {:>5}", c.class, c.hosts);
         for (s, h) in short {
@@ -258,7 +289,8 @@ pub fn render(r: &Report) -> String {
         }
         let _ = writeln!(
             out,
-            "{line} {:>9} {:>4.0}%",
+            "{line} {:>7} {:>9} {:>4.0}%",
+            c.backing_off,
             c.claimable,
             c.warm_ratio * 100.0
         );
@@ -271,7 +303,17 @@ pub fn render(r: &Report) -> String {
     if !errors.is_empty() {
         let _ = writeln!(out, "\nHosts with errors:");
         for (class, e) in errors {
-            let _ = writeln!(out, "  {}  ({class}, {})  {}", e.host, e.state, e.error);
+            let backoff = match (&e.backoff_until, e.failed_launches) {
+                (Some(until), Some(n)) => {
+                    format!(", backing off until {until} after {n} failed launch(es)")
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  {}  ({class}, {}{backoff})  {}",
+                e.host, e.state, e.error
+            );
         }
     }
     let claims: Vec<(&str, &ClaimRow)> = r

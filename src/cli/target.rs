@@ -20,7 +20,8 @@ pub struct TargetArgs {
     #[arg(long)]
     pub key: PathBuf,
     /// Pin the host key: `SHA256:…` fingerprint, known_hosts line or public-key line.
-    /// Without it the key is trusted on first use and its fingerprint printed.
+    /// Without it any host key is accepted for this one connection (`kpssh probe` prints the
+    /// key's fingerprint in its output, to pin it).
     #[arg(long = "known-host")]
     pub known_host: Option<String>,
 }

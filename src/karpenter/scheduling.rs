@@ -359,23 +359,27 @@ pub fn shapes(pods: &[PodInfo]) -> Vec<usize> {
     let mut ids: HashMap<String, usize> = HashMap::new();
     pods.iter()
         .map(|p| {
-            let key = format!(
-                "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
-                p.requests,
-                p.node_selector,
-                p.terms,
-                p.tolerations,
-                p.anti,
-                p.spread,
-                p.namespace,
-                p.labels,
-                p.host_ports,
-                p.volume_terms
-            );
             let next = ids.len();
-            *ids.entry(key).or_insert(next)
+            *ids.entry(shape_key(p)).or_insert(next)
         })
         .collect()
+}
+
+/// What [`shapes`] compares: everything that decides whether a node can take the pod.
+pub fn shape_key(p: &PodInfo) -> String {
+    format!(
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
+        p.requests,
+        p.node_selector,
+        p.terms,
+        p.tolerations,
+        p.anti,
+        p.spread,
+        p.namespace,
+        p.labels,
+        p.host_ports,
+        p.volume_terms
+    )
 }
 
 /// Sort for first-fit-decreasing: largest cpu, then memory, then name (deterministic).

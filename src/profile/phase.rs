@@ -278,10 +278,12 @@ pub fn render_phase(
             src.as_bytes().to_vec()
         }
         ExecMode::Raw => {
-            let tpl = Template::parse(src).map_err(|error| ProfileError::Parse {
-                profile: name.clone(),
-                phase,
-                error,
+            let tpl = Template::parse_named(src, phase.as_str()).map_err(|error| {
+                ProfileError::Parse {
+                    profile: name.clone(),
+                    phase,
+                    error,
+                }
             })?;
             let data = ctx
                 .template_data(phase)

@@ -140,11 +140,12 @@ pub fn validate_profile(profile: &ProfileSource) -> Result<ValidProfile, Profile
                 size: src.len(),
             });
         }
-        let tpl = Template::parse(src).map_err(|error| ProfileError::Parse {
-            profile: name.clone(),
-            phase,
-            error,
-        })?;
+        let tpl =
+            Template::parse_named(src, phase.as_str()).map_err(|error| ProfileError::Parse {
+                profile: name.clone(),
+                phase,
+                error,
+            })?;
         if phase == Phase::Leave {
             leave_tpl = Some(tpl);
         }

@@ -1,11 +1,37 @@
-//! The simulated kubelet: after a successful join it registers the Node (named after the
-//! NodeClaim, with the provider ID, node IP, labels and taints from the join environment) and
-//! marks it Ready.
+//! The simulated kubelet: after a successful join it registers the Node (with the provider ID,
+//! node IP, labels and taints from the join environment) and marks it Ready. It is named after
+//! the NodeClaim (`KPSSH_NODE_NAME`), unless the node class sets the var
+//! [`REGISTER_AS_VAR`]` = nodeadm`: then it registers as nodeadm does on EKS Hybrid, under a
+//! managed-instance name of its own (`mi-` and 17 hex digits, one per machine), so that
+//! nothing may find the Node by the claim's name (S53).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint};
 use kube::api::ObjectMeta;
+
+/// Node class var naming how the simulated kubelet picks its Node's name.
+pub const REGISTER_AS_VAR: &str = "SIM_REGISTER_AS";
+
+/// The name nodeadm would register the machine at `address` under: `mi-` and 17 hex digits,
+/// stable for the machine (an FNV-1a hash of the address stands in for the SSM activation).
+pub fn managed_instance_name(address: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in address.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("mi-{:017x}", u128::from(h) << 4 | u128::from(h >> 60))
+}
+
+/// The name the kubelet registers its Node under.
+pub fn node_name(env: &BTreeMap<String, String>) -> String {
+    let get = |k: &str| env.get(k).cloned().unwrap_or_default();
+    if get(&format!("KPSSH_VAR_{REGISTER_AS_VAR}")) == "nodeadm" {
+        return managed_instance_name(&get("KPSSH_NODE_ADDRESS"));
+    }
+    get("KPSSH_NODE_NAME")
+}
 
 /// The Node a kubelet started with this join environment registers.
 pub fn node_from_env(env: &BTreeMap<String, String>, adopt_id: &str) -> Node {
@@ -26,7 +52,7 @@ pub fn node_from_env(env: &BTreeMap<String, String>, adopt_id: &str) -> Node {
         .collect();
     Node {
         metadata: ObjectMeta {
-            name: Some(get("KPSSH_NODE_NAME")),
+            name: Some(node_name(env)),
             labels: Some(labels),
             ..Default::default()
         },
@@ -64,4 +90,30 @@ fn parse_taint(text: &str) -> Option<Taint> {
         effect: effect.to_string(),
         time_added: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodeadm_names_are_per_machine_and_not_the_claims() {
+        let mut env = BTreeMap::from([
+            ("KPSSH_NODE_NAME".to_string(), "default-abc12".to_string()),
+            ("KPSSH_NODE_ADDRESS".to_string(), "10.0.0.7".to_string()),
+        ]);
+        assert_eq!(node_name(&env), "default-abc12");
+        env.insert(format!("KPSSH_VAR_{REGISTER_AS_VAR}"), "nodeadm".into());
+        let name = node_name(&env);
+        assert!(name.starts_with("mi-") && name.len() == 20, "{name}");
+        assert!(name[3..].chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(
+            name,
+            managed_instance_name("10.0.0.7"),
+            "stable per machine"
+        );
+        assert_ne!(name, managed_instance_name("10.0.0.8"));
+        let node = node_from_env(&env, "sim://adopted/10.0.0.7");
+        assert_eq!(node.metadata.name.as_deref(), Some(name.as_str()));
+    }
 }

@@ -2,12 +2,14 @@
 //! that registers Nodes in the in-memory `Cluster`, all on tokio's (paused) clock; scenario
 //! files, fault schedules, invariants and reports for `kpssh sim` and the fault campaigns.
 
+pub mod generate;
 pub mod host;
 pub mod kubelet;
 mod mirror;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod shrink;
 pub mod transport;
 pub mod workload;
 pub mod world;

@@ -194,7 +194,8 @@ pub struct SimNodePool {
     /// NodeClaims to them.
     #[serde(default)]
     pub limits: BTreeMap<String, String>,
-    /// `spec.disruption.consolidateAfter`: how long a node stays empty before it goes.
+    /// `spec.disruption.consolidateAfter`: how long a node stays empty before it goes
+    /// (`Never`: consolidation off).
     #[serde(default = "default_consolidate_after")]
     pub consolidate_after: String,
 }
@@ -208,11 +209,11 @@ fn default_consolidate_after() -> String {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Demand {
     /// Host class (and node class) the NodeClaims are for; default: the first class.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,
     /// Pods instead of NodeClaims: each unit of demand is one pod with these requests,
     /// pending until Karpenter's provisioning gives this NodePool a node for it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     /// Requests of each NodeClaim.
     #[serde(default = "default_cpu")]
@@ -222,14 +223,18 @@ pub struct Demand {
     /// Nodes wanted at all times.
     #[serde(default)]
     pub steady: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diurnal: Option<Diurnal>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bursts: Option<Bursts>,
     /// `minute,nodes` lines (a header line is allowed); the count holds until the next line.
     /// Replaces steady, diurnal and bursts. A path in the scenario file is relative to it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub csv: Option<String>,
+    /// The same as `csv`, inline: `minute: count` (what the scenario generator draws, so
+    /// that a printed scenario is one self-contained file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub series: Option<BTreeMap<u32, u32>>,
 }
 
 fn default_cpu() -> String {
@@ -239,17 +244,23 @@ fn default_memory() -> String {
     "1Gi".into()
 }
 
-/// A cosine day: `amplitude` more nodes at `peakHour`, none at the opposite hour.
+/// A cosine day: `amplitude` more nodes at `peakHour`, none at the opposite hour. The
+/// period is a day unless `periodHours` compresses it (a short run still sees a whole cycle).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Diurnal {
     pub amplitude: u32,
     #[serde(default = "default_peak")]
     pub peak_hour: f64,
+    #[serde(default = "default_period")]
+    pub period_hours: f64,
 }
 
 fn default_peak() -> f64 {
     14.0
+}
+fn default_period() -> f64 {
+    24.0
 }
 
 /// Bursts of `size` extra nodes for `duration`, arriving at `ratePerHour` (Poisson).
@@ -286,28 +297,28 @@ pub struct Rate {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Faults {
     /// Reboot: down for `duration`, then services come back if enabled.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reboot: Option<HostFault>,
     /// Power loss: down (kubelet gone, commands cut off) for `duration`, then a cold boot.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power_loss: Option<HostFault>,
     /// sshd refuses connections for `duration`; the machine keeps running.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_refusal: Option<HostFault>,
     /// The host presents another key for `duration` (a re-key that was then rolled back).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_key_change: Option<HostFault>,
     /// Every handshake takes `delay` longer for `duration`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slow_handshake: Option<SlowHandshake>,
     /// The controller process dies (every actor, mid-phase included) and restarts.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_crash: Option<Rate>,
     /// A NodeClaim is force-deleted: finalizers stripped, then deleted.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force_delete: Option<Rate>,
     /// The join profile's version is bumped (every host becomes cold).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_bump: Option<Rate>,
     /// Probability that any controller write fails with a 409 conflict.
     #[serde(default)]
@@ -369,6 +380,14 @@ impl Scenario {
             {
                 return Err(format!("demand: unknown class {c}"));
             }
+            if let Some(x) = &d.diurnal
+                && (x.period_hours.is_nan() || x.period_hours <= 0.0)
+            {
+                return Err("demand: diurnal.periodHours must be positive".into());
+            }
+            if d.csv.is_some() && d.series.is_some() {
+                return Err("demand: give csv (a file) or series (inline), not both".into());
+            }
             match (&d.class, &d.pool) {
                 (Some(_), Some(_)) => {
                     return Err(
@@ -406,8 +425,14 @@ impl Scenario {
                     ));
                 }
             }
-            parse_duration(&p.consolidate_after)
-                .map_err(|e| format!("nodePools: {}: consolidateAfter: {e}", p.name))?;
+            if p.consolidate_after != "Never" {
+                parse_duration(&p.consolidate_after).map_err(|e| {
+                    format!(
+                        "nodePools: {}: consolidateAfter: {e} (or \"Never\")",
+                        p.name
+                    )
+                })?;
+            }
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use super::scenario::Scenario;
-use super::world::{POD_NAMESPACE, POD_POOL_LABEL, workload_pod};
+use super::world::{POD_GROUP_LABEL, POD_NAMESPACE, workload_pod};
 use crate::api::NodeClaim;
 use crate::api::karpenter::NODEPOOL_LABEL;
 use crate::clock::Clock;
@@ -57,18 +57,18 @@ impl Workload {
         Workload { tasks, seq: 0 }
     }
 
-    /// Create or delete pods of `pool` until it has `want`; returns trace lines. A pod is
-    /// deleted as a scale-down would: its "ReplicaSet" mark goes first, so that it is not
-    /// recreated; a random one of them, drawn from `rng`.
+    /// Create or delete pods of one demand entry (`group`, for `pool`) until it has `want`;
+    /// returns trace lines. A pod is deleted as a scale-down would: its "ReplicaSet" mark goes
+    /// first, so that it is not recreated; a random one of them, drawn from `rng`.
     pub async fn follow(
         &mut self,
         cluster: &MemoryCluster,
         rng: &mut ChaCha8Rng,
-        pool: &str,
+        (pool, group): (&str, &str),
         want: u32,
         requests: (&str, &str),
     ) -> Vec<String> {
-        let selector = Selector::from_iter([(POD_POOL_LABEL.to_string(), pool.to_string())]);
+        let selector = Selector::from_iter([(POD_GROUP_LABEL.to_string(), group.to_string())]);
         let Ok(pods) = cluster
             .list::<Pod>(Some(POD_NAMESPACE), Some(&selector))
             .await
@@ -85,7 +85,7 @@ impl Workload {
         for _ in have..want {
             self.seq += 1;
             let name = format!("pod-{:06}", self.seq);
-            let pod = workload_pod(&name, pool, requests.0, requests.1);
+            let pod = workload_pod(&name, (pool, group), requests.0, requests.1);
             if cluster.create(&pod).await.is_ok() {
                 lines.push(format!("demand pool {pool} create pod {name}"));
             }

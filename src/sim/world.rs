@@ -323,6 +323,8 @@ pub fn node_pool(name: &str, class: &str) -> crate::api::NodePool {
 pub const POD_NAMESPACE: &str = "default";
 /// On every simulated pod: the NodePool its demand is for.
 pub const POD_POOL_LABEL: &str = "sim.kpssh.dev/pool";
+/// On every simulated pod: the demand entry (a Deployment of one pod shape) it belongs to.
+pub const POD_GROUP_LABEL: &str = "sim.kpssh.dev/group";
 
 /// A pod in the `default` namespace with one container requesting `cpu` and `memory`.
 pub fn pod(name: &str, cpu: &str, memory: &str) -> k8s_openapi::api::core::v1::Pod {
@@ -351,19 +353,20 @@ pub fn pod(name: &str, cpu: &str, memory: &str) -> k8s_openapi::api::core::v1::P
     }
 }
 
-/// A pod of the simulated workload: `cpu` and `memory` requested, for NodePool `pool`. It
-/// plays a Deployment's pod: evicted by a drain, it comes back pending under a new name.
+/// A pod of the simulated workload: `cpu` and `memory` requested, for NodePool `pool`, of
+/// demand entry `group`. It plays a Deployment's pod: evicted by a drain, it comes back
+/// pending under a new name.
 pub fn workload_pod(
     name: &str,
-    pool: &str,
+    (pool, group): (&str, &str),
     cpu: &str,
     memory: &str,
 ) -> k8s_openapi::api::core::v1::Pod {
     let mut p = pod(name, cpu, memory);
-    p.metadata.labels = Some(BTreeMap::from([(
-        POD_POOL_LABEL.to_string(),
-        pool.to_string(),
-    )]));
+    p.metadata.labels = Some(BTreeMap::from([
+        (POD_POOL_LABEL.to_string(), pool.to_string()),
+        (POD_GROUP_LABEL.to_string(), group.to_string()),
+    ]));
     p.metadata.annotations = Some(BTreeMap::from([(
         crate::karpenter::sim_scheduler::RECREATE_ANNOTATION.to_string(),
         "true".to_string(),

@@ -1,4 +1,4 @@
-//! End-to-end tier (E1–E8): the real `kpssh controller` binary against a real control plane
+//! End-to-end tier (E1–E8, E10, and S44/S52 on the real control plane): the real `kpssh controller` binary against a real control plane
 //! (kube-apiserver, etcd, kube-scheduler, kube-controller-manager) and real OpenSSH hosts whose
 //! profile starts a fake kubelet that really bootstraps with the minted token.
 //!
@@ -17,6 +17,7 @@ mod sshd;
 #[path = "../support/testhost.rs"]
 mod testhost;
 
+mod drain;
 mod faults;
 mod scale;
 mod verified;
@@ -55,6 +56,17 @@ const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("E8_unsigned_verified_profile_refused_before_ssh", |sc| {
         Box::pin(verified::e8(sc))
     }),
+    (
+        "E10_adopted_node_with_its_own_name_drained_and_deleted",
+        |sc| Box::pin(drain::e10(sc)),
+    ),
+    (
+        "S44_pdb_blocked_drain_without_grace_period_holds_the_host",
+        |sc| Box::pin(drain::s44(sc)),
+    ),
+    ("S52_kubectl_delete_node_drains_and_releases", |sc| {
+        Box::pin(drain::s52(sc))
+    }),
 ];
 
 /// The whole tier is bounded; a scenario bounds each of its own waits well inside this.
@@ -89,7 +101,8 @@ fn main() {
         .iter()
         .map(|(name, f)| {
             let (name, f) = (*name, *f);
-            let id = name[..2].to_ascii_lowercase();
+            // `E10_…` → `e10`: the scenario's namespace, class, NodePool and host names.
+            let id = name.split('_').next().unwrap_or(name).to_ascii_lowercase();
             let h = std::thread::Builder::new()
                 .name(name.into())
                 .spawn(move || run_one(world, id, f))

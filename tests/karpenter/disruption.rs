@@ -512,9 +512,9 @@ async fn s50_drifted_node_whose_pods_can_go_nowhere_is_not_disrupted() {
 }
 
 /// S50 (core's RequirementsDrifted): a NodePool requirement edit drifts only the nodes whose
-/// labels no longer satisfy it. The claim carries no template hash (as one made by another
-/// version would), so only the requirements decide: `arch In [amd64]` keeps the amd64 node,
-/// `instance-type NotIn [small]` drifts it, and it is replaced on the big class.
+/// labels no longer satisfy it (the template hash leaves requirements out): `arch In [amd64]`
+/// keeps the amd64 node, `instance-type NotIn [small]` drifts it, and it is replaced on the big
+/// class. The same holds for a claim without the hash (as one made by another version).
 #[tokio::test(start_paused = true)]
 async fn s50_requirement_edit_drifts_only_nodes_whose_labels_no_longer_satisfy_it() {
     use kpssh::api::karpenter::{INSTANCE_TYPE_LABEL, NodeSelectorRequirement};
@@ -534,14 +534,6 @@ async fn s50_requirement_edit_drifts_only_nodes_whose_labels_no_longer_satisfy_i
             .collect::<Vec<_>>()
     };
     assert_eq!(types(claims(&e).await), vec!["small".to_string()]);
-    e.w.cluster
-        .patch::<kpssh::api::NodeClaim>(
-            None,
-            &first,
-            &serde_json::json!({"metadata": {"annotations": {NODEPOOL_HASH_ANNOTATION: null}}}),
-        )
-        .await
-        .expect("strip the hash");
     let require = |key: &str, op: &str, value: &str| NodeSelectorRequirement {
         key: key.into(),
         operator: op.into(),
@@ -568,6 +560,15 @@ async fn s50_requirement_edit_drifts_only_nodes_whose_labels_no_longer_satisfy_i
         "a requirement the node satisfies drifted it: {:?}",
         reasons(&e)
     );
+    // Without the template hash, the requirements alone still decide.
+    e.w.cluster
+        .patch::<kpssh::api::NodeClaim>(
+            None,
+            &first,
+            &serde_json::json!({"metadata": {"annotations": {NODEPOOL_HASH_ANNOTATION: null}}}),
+        )
+        .await
+        .expect("strip the hash");
     edit(require(INSTANCE_TYPE_LABEL, "NotIn", "small")).await;
     let ok =
         e.w.until(10 * MINUTE, || async {

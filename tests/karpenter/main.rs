@@ -2,11 +2,13 @@
 //! simulated hosts and a simulated scheduler, on tokio's paused clock.
 
 mod acceptance;
+mod adopt;
 mod consolidation;
 mod disruption;
 mod drain_order;
 mod exchange;
 mod expiration;
+mod explain;
 mod grace;
 mod lifecycle;
 mod metrics;

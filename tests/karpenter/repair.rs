@@ -2,9 +2,9 @@
 //! condition's toleration (Ready False/Unknown: 30 minutes), and nothing repaired in a NodePool
 //! with more than 20% of its nodes unhealthy.
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kpssh::api::karpenter::Budget;
+use kpssh::api::karpenter::{Budget, DO_NOT_DISRUPT_ANNOTATION};
 use kpssh::k8s::Cluster;
 
 use super::*;
@@ -80,6 +80,22 @@ fn repairing() -> KarpenterConfig {
 async fn s43_not_ready_node_is_repaired_after_its_30_minute_toleration() {
     let e = env_with(repairing()).await;
     let names = fleet(&e, 5, 80).await;
+    // Its pod says do-not-disrupt, and the pool sets no terminationGracePeriod: repair is
+    // forceful all the same (core records the drain's deadline as now).
+    let held = pods(&e)
+        .await
+        .into_iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(names[0].as_str()))
+        .and_then(|p| p.metadata.name)
+        .expect("a pod on the node");
+    e.w.cluster
+        .patch::<Pod>(
+            Some("default"),
+            &held,
+            &serde_json::json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"}}}),
+        )
+        .await
+        .expect("annotate");
     set_ready(&e, &names[0], "Unknown").await;
     tokio::time::sleep(25 * MINUTE).await;
     assert!(exists(&e, &names[0]).await, "repaired before 30 minutes");
@@ -89,6 +105,15 @@ async fn s43_not_ready_node_is_repaired_after_its_30_minute_toleration() {
             .await;
     assert!(ok, "repaired once Ready=Unknown lasted 30 minutes");
     assert!(reasons(&e).iter().any(|r| r == "Repair"));
+    let gone =
+        e.w.until(5 * MINUTE, || async {
+            !claims(&e)
+                .await
+                .iter()
+                .any(|c| c.metadata.name.as_deref() == Some(names[0].as_str()))
+        })
+        .await;
+    assert!(gone, "the do-not-disrupt pod held the repaired node");
     for n in &names[1..] {
         assert!(exists(&e, n).await, "healthy node {n} kept");
     }

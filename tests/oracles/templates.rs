@@ -147,6 +147,13 @@ fn statements(depth: u32) -> BoxedStrategy<String> {
         1 => Just("{{/* a comment */}}".to_string()),
         1 => Just("x {{- /* trimmed */ -}} y".to_string()),
         1 => operand().prop_map(|o| format!("{{{{ $v = {o} }}}}")),
+        // Outside a range these are parse errors, inside they stop or skip an iteration.
+        1 => prop_oneof![Just("{{break}}".to_string()), Just("{{continue}}".to_string())],
+        1 => (prop_oneof![Just("a"), Just("b"), Just("nope")], prop::option::of(operand()))
+            .prop_map(|(n, o)| match o {
+                Some(o) => format!("{{{{template \"{n}\" {o}}}}}"),
+                None => format!("{{{{template \"{n}\"}}}}"),
+            }),
     ]
     .boxed();
     if depth == 0 {
@@ -184,12 +191,36 @@ fn statements(depth: u32) -> BoxedStrategy<String> {
         .boxed()
 }
 
-/// A whole template: `$v` declared first (so that it is defined everywhere), then statements;
-/// now and then a stray `{{end}}`, `{{else}}` or an unclosed action.
+/// `define`s and `block`s (of templates `a` and `b`, some empty, some twice) around the body.
+fn definitions() -> impl Strategy<Value = String> {
+    let def = (
+        prop_oneof![Just("a"), Just("b")],
+        prop_oneof![Just("define"), Just("block")],
+        prop_oneof![
+            2 => statements(1),
+            1 => Just(" \n ".to_string()),
+        ],
+        operand(),
+    )
+        .prop_map(|(name, kw, body, arg)| {
+            // No calls inside definitions: a template calling itself recurses to Go's depth
+            // limit of 100,000, which takes Go minutes (kpssh stops at 200, see exec.rs).
+            let body = body.replace("{{template \"", "{{print \"");
+            if kw == "block" {
+                format!("{{{{block \"{name}\" {arg}}}}}{body}{{{{end}}}}")
+            } else {
+                format!("{{{{define \"{name}\"}}}}{body}{{{{end}}}}")
+            }
+        });
+    prop::collection::vec(def, 0..3).prop_map(|v| v.concat())
+}
+
+/// A whole template: `$v` declared first (so that it is defined everywhere), then definitions
+/// and statements; now and then a stray `{{end}}`, `{{else}}` or an unclosed action.
 fn template_src() -> impl Strategy<Value = String> {
     (
         operand(),
-        statements(2),
+        (definitions(), statements(2)).prop_map(|(d, s)| d + &s),
         prop_oneof![
             8 => Just(""),
             1 => Just("{{end}}"),

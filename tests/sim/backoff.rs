@@ -272,3 +272,128 @@ async fn s63_a_class_whose_launches_fail_the_same_way_pauses() {
         .await;
     assert!(ok, "the pause runs out");
 }
+
+#[tokio::test(start_paused = true)]
+async fn s63_s64_a_join_without_a_node_waits_visibly_then_backs_off() {
+    let w = super::world().await;
+    let mut sim = SimHost::new("10.43.0.1", 2, 4_000_000);
+    sim.registers = false;
+    w.add_host("h", "small", sim).await.expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    claim(&w, "silent").await;
+    // S64: while the Node is awaited the NodeClaim says so, with its deadline.
+    let ok = w
+        .until(MINUTE, || async {
+            let nc: Option<NodeClaim> = w.cluster.get(None, "silent").await.expect("get");
+            nc.and_then(|n| n.status).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Registered" && c.reason == "AwaitingNode")
+            })
+        })
+        .await;
+    assert!(ok, "Registered=Unknown AwaitingNode");
+    let nc: NodeClaim = w
+        .cluster
+        .get(None, "silent")
+        .await
+        .expect("get")
+        .expect("nc");
+    let created = nc.metadata.creation_timestamp.clone().expect("created").0;
+    let cond = nc
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Registered")
+        .expect("condition");
+    assert_eq!(cond.status, "Unknown");
+    let deadline = (created + jiff::SignedDuration::from_mins(15))
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    assert!(cond.message.contains(&deadline), "{}", cond.message);
+    assert!(cond.message.contains("kpssh://"), "{}", cond.message);
+    // The karpenter layer is not running in this world: give the NodeClaim up as it would
+    // after the registration timeout.
+    tokio::time::sleep(15 * MINUTE).await;
+    w.cluster
+        .delete::<NodeClaim>(None, "silent", None)
+        .await
+        .expect("delete");
+    let ok = w
+        .until(2 * MINUTE, || async {
+            w.host("h").await.is_some_and(|h| {
+                h.status
+                    .as_ref()
+                    .and_then(|s| s.last_launch_failure.as_ref())
+                    .is_some_and(|f| f.phase == "registration" && f.reason == "RegistrationTimeout")
+            })
+        })
+        .await;
+    let h = w.host("h").await.expect("host");
+    assert!(ok, "registration failure recorded: {:?}", h.status);
+    assert_eq!(backoff_of(&h).0, 1, "{:?}", h.status);
+    assert!(h.claim().is_none(), "released");
+}
+
+/// `kpssh probe --host`: the annotation makes the actor probe now (probe interval 2 min) and
+/// stamp lastProbeTime; the command reports the outcome. A key Secret edit probes at once too.
+#[tokio::test(start_paused = true)]
+async fn s63_a_probe_can_be_asked_for_and_a_secret_edit_probes_at_once() {
+    let w = super::world().await;
+    w.add_host("h", "small", SimHost::new("10.44.0.1", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let sessions = w.transport.host("10.44.0.1").expect("sim").sessions;
+    let now = w.ctx.clock.now();
+    let out =
+        kpssh::cli::probe_request::request(&w.cluster, &w.ns(), "h", Duration::from_secs(5), now)
+            .await
+            .expect("request");
+    assert!(out.healthy, "{out:?}");
+    assert_eq!(out.text, format!("SSHHost {}/h: Available", w.ns()));
+    assert!(
+        w.transport.host("10.44.0.1").expect("sim").sessions > sessions,
+        "probed over SSH now, not at the next interval"
+    );
+    // The host is unreachable now: the asked-for probe says so.
+    w.transport
+        .with("10.44.0.1", |h| h.reachable = false)
+        .expect("sim");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = w.ctx.clock.now();
+    let out =
+        kpssh::cli::probe_request::request(&w.cluster, &w.ns(), "h", Duration::from_secs(5), now)
+            .await
+            .expect("request");
+    assert!(!out.healthy);
+    assert!(out.text.contains("probe error:"), "{}", out.text);
+    // Reachable again, and the key Secret edited: probed at once (no 2-minute wait).
+    w.transport
+        .with("10.44.0.1", |h| h.reachable = true)
+        .expect("sim");
+    let h = w.host("h").await.expect("host");
+    let patch = json!({"metadata": {"annotations": {"rotated": "1"}}});
+    let _: k8s_openapi::api::core::v1::Secret = w
+        .cluster
+        .patch(Some(&w.ns()), &h.spec.ssh_key_secret_ref.name, &patch)
+        .await
+        .expect("edit secret");
+    let h = wait_state(&w, "h", HostState::Available, Duration::from_secs(5)).await;
+    assert!(h.status.and_then(|s| s.last_probe_error).is_none());
+    let missing = kpssh::cli::probe_request::request(
+        &w.cluster,
+        &w.ns(),
+        "nope",
+        Duration::from_secs(1),
+        now,
+    )
+    .await;
+    let err = missing.expect_err("no such host").to_string();
+    assert!(
+        err.contains("SSHHost") && err.contains("not found"),
+        "{err}"
+    );
+}

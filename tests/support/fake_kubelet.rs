@@ -7,7 +7,10 @@
 //!   kube-controller-manager, given the bootstrap RBAC in `examples/bootstrap-rbac.yaml`),
 //!   and from then on acts as `system:node:<name>`: registers its Node (provider ID, labels,
 //!   taints from the `KPSSH_*` join environment), keeps it Ready and its Lease fresh, reports
-//!   pods bound to it as Running and finishes deleting pods being deleted. A deleted Node is
+//!   pods bound to it as Running and finishes deleting pods being deleted. It registers as
+//!   `KPSSH_NODE_NAME` unless the join wrote `KUBELET_NODE_NAME` (and, in Adopt mode where
+//!   `KPSSH_PROVIDER_ID` is empty, `KUBELET_PROVIDER_ID`): a join mechanism that names the
+//!   Node itself, as nodeadm does on EKS Hybrid (`mi-*`, S53/E10). A deleted Node is
 //!   registered again while the kubelet runs (what a restarted kubelet would do) — so an
 //!   orphan kubelet that was not stopped shows up as a Node coming back.
 //! - `containerd`: the container runtime stand-in; it only runs until stopped.
@@ -142,8 +145,13 @@ fn read_join_config(root: &Path) -> Result<JoinConfig, String> {
         endpoint: get("KPSSH_CLUSTER_ENDPOINT"),
         ca_pem: String::from_utf8_lossy(&ca).into_owned(),
         token: get("KPSSH_BOOTSTRAP_TOKEN"),
-        node_name: get("KPSSH_NODE_NAME"),
-        provider_id: get("KPSSH_PROVIDER_ID"),
+        // The join mechanism's own choice of name and provider ID, if it made one.
+        node_name: Some(get("KUBELET_NODE_NAME"))
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| get("KPSSH_NODE_NAME")),
+        provider_id: Some(get("KPSSH_PROVIDER_ID"))
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| get("KUBELET_PROVIDER_ID")),
         labels,
         taints,
         node_address: get("KPSSH_NODE_ADDRESS"),

@@ -49,7 +49,10 @@ pub async fn fail_as<C: Cluster, T: Transport>(
     .filter(|n| n.metadata.uid.as_deref() == Some(&claim.uid));
     // A token that could not be deleted stays recorded, so a later probe deletes it (S27).
     let token_gone = delete_token(state).await.is_ok();
-    let touched = failure.touched_host;
+    // A phase that could not even connect is the host's failure too (unreachable, refused):
+    // it backs off like one that ran, or an unreachable host would be claimed in a loop.
+    // Only configuration errors, found before any connection, leave the host Available.
+    let touched = failure.touched_host || failure.phase.is_some();
     let reason = if touched {
         events::LAUNCH_FAILED
     } else {

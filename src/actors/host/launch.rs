@@ -173,7 +173,7 @@ async fn install_and_join<C: Cluster, T: Transport>(
     if !warm && !still_wanted(state, plan).await? {
         return Ok(false);
     }
-    super::registration::leave_stale_kubelet(state, &target, &plan.ctx.node_name).await?;
+    super::registration::leave_stale_kubelet(state, &target, &plan.claim).await?;
     let token = token(state).await.map_err(api_failure)?;
     let mut ctx = plan.ctx.clone();
     ctx.bootstrap_token = Some(token);
@@ -577,6 +577,7 @@ async fn report_launched<C: Cluster, T: Transport>(
         .as_ref()
         .and_then(|s| s.provider_id.clone());
     for _ in 0..5 {
+        let waiting = awaiting_node(&nc, state);
         let status = nc.status.get_or_insert_with(Default::default);
         if provider_id.is_some() {
             status.provider_id = provider_id.clone();
@@ -591,6 +592,18 @@ async fn report_launched<C: Cluster, T: Transport>(
             "",
             &state.ctx.clock,
         );
+        if let Some(waiting) = waiting {
+            match status
+                .conditions
+                .iter_mut()
+                .find(|c| c.type_ == "Registered")
+            {
+                // Registered already (a fast kubelet): keep it.
+                Some(c) if c.status == "True" => {}
+                Some(c) => *c = waiting,
+                None => status.conditions.push(waiting),
+            }
+        }
         match cluster.replace_status(&nc).await {
             Ok(_) => break,
             Err(e) if e.is_conflict() => {
@@ -609,6 +622,39 @@ async fn report_launched<C: Cluster, T: Transport>(
     )
     .await;
     Ok(())
+}
+
+/// S64: Registered=Unknown while the join has run and the Node is awaited, with the deadline
+/// after which the NodeClaim is given up (its creation plus the registration timeout, S37).
+fn awaiting_node<C: Cluster, T: Transport>(
+    nc: &NodeClaim,
+    state: &HostActorState<C, T>,
+) -> Option<Condition> {
+    let created = nc.metadata.creation_timestamp.as_ref()?.0;
+    let deadline =
+        created + jiff::SignedDuration::try_from(state.ctx.config.registration_timeout).ok()?;
+    let name = nc.metadata.name.as_deref().unwrap_or_default();
+    let identity = match state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+    {
+        Some(id) => format!("Node {name} with providerID {id}"),
+        None => format!("a Node with InternalIP {}", state.host.node_address()),
+    };
+    Some(Condition {
+        type_: "Registered".into(),
+        status: "Unknown".into(),
+        reason: "AwaitingNode".into(),
+        message: format!(
+            "{} joined; waiting for {identity} to register, until {} (then the NodeClaim is deleted)",
+            state.key(),
+            deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+        ),
+        observed_generation: None,
+        last_transition_time: Time(state.ctx.clock.now()),
+    })
 }
 
 fn host_capacity<C: Cluster, T: Transport>(

@@ -5,6 +5,7 @@
 pub mod backoff;
 pub mod failure;
 pub mod launch;
+pub mod node_identity;
 pub mod phases;
 pub mod probe;
 pub mod probe_clock;
@@ -112,6 +113,9 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     pub lifecycle: Option<(String, tracing::Span)>,
     /// The phase slot a launch holds from install through join (see `Limits::phase_slot`).
     pub launch_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// A probe was asked for (the probe annotation changed): the next probe stamps
+    /// `lastProbeTime` even if nothing else changed, so the asker sees it ran.
+    pub stamp_next_probe: bool,
 }
 
 impl<C: Cluster, T: Transport> HostActorState<C, T> {
@@ -228,6 +232,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             orphan_node: None,
             lifecycle: None,
             launch_slot: None,
+            stamp_next_probe: false,
         };
         // A backoff recorded before a restart runs out on time (the probe clears it too).
         backoff::arm(&state);
@@ -263,6 +268,9 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
                     && let Err(e) = backoff::reset(state, "the host's spec changed").await
                 {
                     tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
+                }
+                if old.probe_requested() != state.host.probe_requested() {
+                    state.stamp_next_probe = true;
                 }
                 if state.needs_probe_now(&old) {
                     Box::pin(probe::run(&myself, state)).await;

@@ -281,3 +281,52 @@ pub async fn marker_profile<C: Cluster, T: Transport>(
         Err(e) => Err(PhaseFailure::config(e.to_string())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::redact::Redactor;
+    use crate::secret::Secret;
+
+    fn output(stderr: &str, stdout: &str) -> CommandOutput {
+        CommandOutput {
+            exit_status: 100,
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: stderr.as_bytes().to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// S64: the cause sits at the end of apt's output; the start is noise.
+    #[test]
+    fn s64_the_end_of_the_output_is_kept_redacted_and_cut_on_a_line() {
+        let token = "abcdef.0123456789abcdef";
+        let redactor = Redactor::new(Some(&Secret::new(token)), &[]);
+        let mut stderr = String::from(
+            "debconf: delaying package configuration, since apt-utils is not installed\n",
+        );
+        for i in 0..200 {
+            stderr.push_str(&format!(
+                "Get:{i} http://deb.example/debian bookworm/main amd64 pkg{i}\n"
+            ));
+        }
+        stderr.push_str(&format!("+ kubeadm join --token {token}\n"));
+        stderr.push_str("E: Unable to locate package kubelet\n");
+        let tail = output_tail(&redactor, &output(&stderr, "ignored"));
+        assert!(
+            tail.ends_with("E: Unable to locate package kubelet"),
+            "{tail}"
+        );
+        assert!(!tail.contains("debconf"), "the start is dropped: {tail}");
+        assert!(
+            tail.starts_with("…\nGet:"),
+            "cut on a line boundary: {tail}"
+        );
+        assert!(tail.contains("--token <redacted>"), "{tail}");
+        assert!(!tail.contains("0123456789abcdef"), "the token never shows");
+        assert!(tail.len() <= OUTPUT_TAIL + 8);
+        // Nothing on stderr: stdout's end.
+        let tail = output_tail(&redactor, &output("  \n", "step 1\nstep 2: failed\n"));
+        assert_eq!(tail, "step 1\nstep 2: failed");
+    }
+}

@@ -37,6 +37,9 @@ pub async fn run<C: Cluster, T: Transport>(
     );
     let started = tokio::time::Instant::now();
     let result = probe_once(state).instrument(span.clone()).await;
+    if result.is_ok() {
+        state.stamp_next_probe = false;
+    }
     span.record("duration_ms", millis(started));
     span.record(
         "outcome",
@@ -201,7 +204,11 @@ async fn record_success<C: Cluster, T: Transport>(
         !zombie && facts_recorded(s, report, generation) && !stamp_due(s, stamp, &state.ctx.clock)
     });
     if !unchanged {
+        let was = state.state();
         write(state, stamp, |s| apply_facts(s, report, generation, zombie)).await?;
+        if was != state.state() {
+            tracing::info!(host = %state.key(), from = was.as_str(), to = state.state().as_str(), "probe succeeded");
+        }
     }
     // Capacity and generation as they were: the drift verdict is the one already known.
     if !unchanged || state.drift_reported.is_none() {
@@ -231,9 +238,13 @@ async fn record_success<C: Cluster, T: Transport>(
 }
 
 fn state_stamp<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> ProbeStamp {
-    ProbeStamp::Probed {
-        refresh: state.ctx.config.probe_refresh,
-    }
+    // A probe someone asked for is stamped, so that they see it ran.
+    let refresh = if state.stamp_next_probe {
+        std::time::Duration::ZERO
+    } else {
+        state.ctx.config.probe_refresh
+    };
+    ProbeStamp::Probed { refresh }
 }
 
 /// The status a successful probe implies (pure; unit-tested).
@@ -332,6 +343,9 @@ async fn record_failure<C: Cluster, T: Transport>(
         }
     })
     .await?;
+    if was != state.state() {
+        tracing::info!(host = %state.key(), from = was.as_str(), to = state.state().as_str(), error = %message, "probe failed");
+    }
     if was != HostState::Unhealthy && state.state() == HostState::Unhealthy {
         state
             .event(EventType::Warning, events::PROBE_FAILED, message)

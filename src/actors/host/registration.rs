@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Node, Secret as KubeSecret};
 
 use super::phases::{PhaseFailure, leave_context, marker_profile, run_phase};
 use super::probe::write;
-use super::{HostActorState, target};
+use super::{HostActorState, node_identity, target};
 use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::karpenter::TERMINATION_FINALIZER;
@@ -105,8 +105,20 @@ pub async fn recheck_registration<C: Cluster, T: Transport>(
     let Some(claim) = state.host.claim().cloned() else {
         return Ok(());
     };
-    if let Some(node) = state.ctx.cluster.get::<Node>(None, &claim.name).await? {
-        try_node_seen(state, &node).await?;
+    // Named after the claim (Static), or under a name of the join mechanism's own with this
+    // host's IP (Adopt, S53): try_node_seen tells whether it is this claim's.
+    let ip = state.host.node_address().to_string();
+    let mut names = vec![claim.name.clone()];
+    names.extend(
+        (state.ctx.node_addresses.named_with_ip(&ip).into_iter()).filter(|n| *n != claim.name),
+    );
+    for name in names {
+        if state.state() != HostState::Claimed {
+            break;
+        }
+        if let Some(node) = state.ctx.cluster.get::<Node>(None, &name).await? {
+            try_node_seen(state, &node).await?;
+        }
     }
     Ok(())
 }
@@ -148,23 +160,30 @@ async fn try_node_seen<C: Cluster, T: Transport>(
     let Some(claim) = state.host.claim().cloned() else {
         return Ok(());
     };
-    if state.state() != HostState::Claimed || node.metadata.name.as_deref() != Some(&claim.name) {
+    if state.state() != HostState::Claimed || node.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let provider_id = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.provider_id.clone())
-        .filter(|p| !p.is_empty());
-    let Some(provider_id) = provider_id else {
+    let Some(provider_id) = node_identity::provider_id(node).map(str::to_string) else {
         return Ok(());
     };
+    // A Node registered for another (earlier) claim of this host is not this one's.
+    if node_identity::owner_claim(node).is_some_and(|uid| uid != claim.uid) {
+        return Ok(());
+    }
     let expected = state
         .host
         .status
         .as_ref()
         .and_then(|s| s.provider_id.clone());
-    if expected.as_ref().is_some_and(|p| *p != provider_id) {
+    let ours = match &expected {
+        // Static: the provider ID is the host's; the kubelet registers under the claim's
+        // name, or the lifecycle already registered the Node for this claim by provider ID.
+        Some(p) => *p == provider_id && node_identity::is_claims(node, &claim.name, &claim.uid),
+        // Adopt: any name (nodeadm's `mi-*`, S53); the Node carries this host's IP.
+        None => crate::actors::context::internal_ips(node)
+            .contains(&state.host.node_address().to_string()),
+    };
+    if !ours {
         return Ok(());
     }
     delete_token(state).await?;
@@ -331,14 +350,17 @@ async fn zombie_leave_inner<C: Cluster, T: Transport>(
 /// The zombie guard on a claimed host, right before its join. A host that rebooted while
 /// claimed comes back with the kubelet of its last Node running if a leave profile only
 /// stopped it; joining over it would leave one host backing two Nodes. So: probe, and if a
-/// kubelet runs that is not this claim's own (`node_name`, a launch resumed after its join),
-/// run leave, then delete the Node it ran as (its kubelet is stopped now). A probe that fails
-/// changes nothing: the join's own session meets the same host.
+/// kubelet runs that is not this claim's own (a launch resumed after its join: the Node named
+/// after the claim, or registered for it under any name, S53), run leave, then delete the
+/// Node it ran as (its kubelet is stopped now). A probe that fails changes nothing: the join's
+/// own session meets the same host.
 pub async fn leave_stale_kubelet<C: Cluster, T: Transport>(
     state: &HostActorState<C, T>,
     target: &HostTarget,
-    node_name: &str,
+    claim: &NodeClaim,
 ) -> Result<(), PhaseFailure> {
+    let node_name = claim.metadata.name.as_deref().unwrap_or_default();
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
     let shim = (state.host.spec.exec_mode == ExecMode::Verified)
         .then_some(state.host.spec.shim_command.as_str());
     let probe = state.ctx.transport.probe(target, shim);
@@ -349,7 +371,8 @@ pub async fn leave_stale_kubelet<C: Cluster, T: Transport>(
         return Ok(());
     }
     let node = node_with_ip(state).await.map_err(touched)?;
-    if node.as_ref().and_then(|n| n.metadata.name.as_deref()) == Some(node_name) {
+    let own = (node.as_ref()).is_some_and(|n| node_identity::is_claims(n, node_name, uid));
+    if own {
         return Ok(());
     }
     let span = zombie_span(state);

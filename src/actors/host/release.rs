@@ -2,6 +2,7 @@
 //! clear claim, provider ID and token in one CAS; the install marker stays (warm pool).
 
 use super::HostActorState;
+use super::node_identity::{self, Identity};
 use super::probe::write;
 use super::registration::{delete_node, delete_token, leave};
 use crate::actors::events;
@@ -9,7 +10,6 @@ use crate::actors::status::ProbeStamp;
 use crate::api::{ClaimRef, HostState};
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
-use k8s_openapi::api::core::v1::Node;
 use tracing::Instrument;
 
 pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, claim: &ClaimRef) {
@@ -55,10 +55,23 @@ async fn finish<C: Cluster, T: Transport>(
     delete_token(state).await?;
     let outcome = leave(state).await;
     let failure = outcome.as_ref().err().map(|f| f.message.clone());
+    // The claim's Node by what identifies it, whatever its name (S53: nodeadm's `mi-*`).
+    let recorded = state
+        .host
+        .status
+        .as_ref()
+        .and_then(|s| s.provider_id.clone());
+    let identity = Identity {
+        claim: &claim.name,
+        node_name: None,
+        provider_id: recorded.as_deref(),
+        node_ip: Some(state.host.node_address()),
+    };
+    let node = node_identity::find(&state.ctx, &identity).await?;
     if failure.is_some() {
         // The kubelet may still run: the Node stays until a probe shows it stopped.
-        state.orphan_node = Some(claim.name.clone());
-    } else if let Some(node) = state.ctx.cluster.get::<Node>(None, &claim.name).await? {
+        state.orphan_node = node.and_then(|n| n.metadata.name);
+    } else if let Some(node) = node {
         // Leave stopped the kubelet, so the Node can go now and will not come back (S40).
         delete_node(state, &node).await?;
     }

@@ -61,6 +61,7 @@ pub async fn run<C: Cluster, T: Transport>(
             // the event is written.
             outcome.result = ClaimResult::Won(Box::new(updated));
             report(&ctx, &router, outcome);
+            tracing::info!(nodeclaim = %claim.name, host = %host_name, "claimed");
             let msg = format!("claimed SSHHost {}/{host_name}", ctx.pool_ns());
             events::record(&ctx.cluster, &nc, EventType::Normal, events::CLAIMED, msg).await;
             return;
@@ -151,6 +152,7 @@ async fn insufficient<C: Cluster, T: Transport>(
 ) -> Result<(), ClusterError> {
     let cluster = &ctx.cluster;
     let msg = format!("insufficient capacity: {why}");
+    tracing::info!(nodeclaim = ?nc.metadata.name, %why, "no host to claim; NodeClaim deleted");
     events::record(
         cluster,
         nc,

@@ -19,11 +19,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::Context;
 use super::host::HostMsg;
+use super::host::node_identity::{self, Identity};
 use super::host::registration::{TOKEN_NAMESPACE, token_secret_name};
 use super::supervisor::SupervisorMsg;
 use crate::api::karpenter::TERMINATION_FINALIZER;
@@ -309,7 +310,7 @@ async fn terminate<C: Cluster, T: Transport>(
         // do-not-disrupt pod holds the host for as long as it takes, as in core.
         let drain_pending = !drained(nc)
             && !deadline_passed(nc, &state.ctx.clock)
-            && state.ctx.cluster.get::<Node>(None, &name).await?.is_some();
+            && claim_node_exists(&state.ctx, nc, &host).await?;
         if drain_pending {
             state.waiting.insert(name);
             return Ok(());
@@ -326,6 +327,31 @@ async fn terminate<C: Cluster, T: Transport>(
     // the kubelet is seen stopped. Either way the NodeClaim may go now.
     finalizers::set(&state.ctx.cluster, nc, TERMINATION_FINALIZER, false).await?;
     Ok(())
+}
+
+/// Whether the claim's Node exists, found by `status.nodeName` or provider ID (S53: under
+/// Adopt the Node has a name of its own), not by the claim's name.
+async fn claim_node_exists<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    nc: &NodeClaim,
+    host: &str,
+) -> Result<bool, ClusterError> {
+    let status = nc.status.as_ref();
+    let host = ctx.hosts.get(host);
+    let host_pid = host
+        .as_ref()
+        .and_then(|h| h.status.as_ref())
+        .and_then(|s| s.provider_id.as_deref());
+    let identity = Identity {
+        claim: nc.metadata.name.as_deref().unwrap_or_default(),
+        node_name: status.and_then(|s| s.node_name.as_deref()),
+        provider_id: status
+            .and_then(|s| s.provider_id.as_deref())
+            .filter(|p| !p.is_empty())
+            .or(host_pid),
+        node_ip: host.as_ref().map(|h| h.node_address()),
+    };
+    Ok(node_identity::find(ctx, &identity).await?.is_some())
 }
 
 fn drained(nc: &NodeClaim) -> bool {

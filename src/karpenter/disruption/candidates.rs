@@ -40,6 +40,7 @@ pub(super) struct Candidate {
     pub claim: NodeClaim,
     pub node: Node,
     pub reason: Reason,
+    /// How many pods its disruption would move.
     pub pods: usize,
 }
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::super::lifecycle::node_ready;
-use super::super::scheduling::{PodInfo, SimNode, shapes, sort_pods};
+use super::super::scheduling::{PodInfo, SimNode, shape_key, shapes, sort_pods};
 use super::super::state::Inner;
 use super::super::termination::{is_drained, is_marked};
 use super::super::{pods, quantity};
@@ -151,6 +151,11 @@ pub struct Elsewhere {
     reserved: Vec<Vec<PodInfo>>,
     /// Nodes holding a pending pod's reservation: capacity the scheduler is about to use.
     pending_on: Vec<bool>,
+    /// Per pod shape ([`shape_key`]), the first node that may still take it: every node
+    /// before it refused the shape. Nodes only fill up (or go) while the view lives, so a
+    /// refusal holds for the rest of the round, and a packed fleet, where no candidate's pods
+    /// fit, costs one pass over the nodes per shape instead of one per candidate.
+    refused: HashMap<String, usize>,
 }
 
 /// Where each pod of a candidate would go: node index and pod.
@@ -175,6 +180,7 @@ impl Elsewhere {
             gone: vec![false; n],
             reserved: vec![vec![]; n],
             pending_on: vec![false; n],
+            refused: HashMap::new(),
         };
         let mut pending: Vec<PodInfo> = st
             .pods
@@ -244,7 +250,7 @@ impl Elsewhere {
     /// the other nodes, first fit in node order without changing the view; `None` when one
     /// fits nowhere, or has a constraint this layer cannot check (then it keeps its node). The
     /// pods on their way to `node` (from a node being drained) must find room too.
-    pub fn plan(&self, node: &str, moving: &[PodInfo]) -> Option<Plan> {
+    pub fn plan(&mut self, node: &str, moving: &[PodInfo]) -> Option<Plan> {
         if moving.iter().any(|p| p.unsupported.is_some()) {
             return None;
         }
@@ -262,9 +268,27 @@ impl Elsewhere {
         let mut taken: HashMap<usize, SimNode> = HashMap::new();
         let mut moves = Vec::with_capacity(pods.len());
         for p in pods {
-            let i = (0..self.nodes.len()).find(|&i| {
-                Some(i) != own && !self.gone[i] && taken.get(&i).unwrap_or(&self.nodes[i]).fits(p)
-            })?;
+            let key = shape_key(p);
+            let from = self.refused.get(&key).copied().unwrap_or(0);
+            // Nodes from `from` up to here all refuse this shape as they are in the view.
+            let mut refusing = from;
+            let mut found = None;
+            for i in from..self.nodes.len() {
+                if self.gone[i] || !self.nodes[i].fits(p) {
+                    if refusing == i {
+                        refusing = i + 1;
+                    }
+                    continue;
+                }
+                if Some(i) != own && taken.get(&i).is_none_or(|t| t.fits(p)) {
+                    found = Some(i);
+                    break;
+                }
+            }
+            if refusing > from {
+                self.refused.insert(key, refusing);
+            }
+            let i = found?;
             taken
                 .entry(i)
                 .or_insert_with(|| self.nodes[i].clone())
@@ -288,7 +312,7 @@ impl Elsewhere {
     }
 
     /// Every pod that would have to move from `node` fits on the other nodes.
-    pub fn fits(&self, st: &Inner, node: &str) -> bool {
+    pub fn fits(&mut self, st: &Inner, node: &str) -> bool {
         self.plan(node, &moving_pods(st, node)).is_some()
     }
 }
@@ -404,7 +428,7 @@ mod tests {
         with_pending
             .pods
             .insert(("default".into(), "new".into()), pod("new", "3", None));
-        let view = Elsewhere::new(&with_pending);
+        let mut view = Elsewhere::new(&with_pending);
         assert!(view.plan("b", &moving_pods(&with_pending, "b")).is_none());
         assert!(
             view.wanted_by_pending(&[], "a"),
@@ -417,7 +441,7 @@ mod tests {
     #[test]
     fn s48_a_pod_with_an_unchecked_constraint_keeps_its_node() {
         let st = state(&[("a", "8"), ("b", "8")], vec![pod("on-b", "1", Some("b"))]);
-        let view = Elsewhere::new(&st);
+        let mut view = Elsewhere::new(&st);
         let mut moving = moving_pods(&st, "b");
         assert!(view.plan("b", &moving).is_some());
         moving[0].unsupported = Some("topology spread on topology key zone".into());

@@ -23,7 +23,7 @@ pub mod replacement;
 mod validation;
 mod volumes;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -31,9 +31,10 @@ use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use super::state::{ClusterState, Inner};
+use super::scheduling::{PodInfo, sort_pods};
+use super::state::{ClusterState, Inner, NsKey};
 use super::termination::taint_node;
-use super::{DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets};
+use super::{DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets, pods};
 use crate::actors::Context;
 use crate::actors::events;
 use crate::api::{NodeClaim, NodePool, SSHJoinProfile, SSHNodeClass};
@@ -129,12 +130,38 @@ pub struct Disrupter {
 #[derive(Default)]
 struct Round {
     elsewhere: Option<Elsewhere>,
+    /// The pods bound to each node (keys), so that a candidate's pods are a look-up.
+    bound: Option<HashMap<String, Vec<NsKey>>>,
 }
 
 impl Round {
     fn elsewhere(&mut self, state: &ClusterState) -> &mut Elsewhere {
         self.elsewhere
             .get_or_insert_with(|| Elsewhere::new(&state.read()))
+    }
+
+    /// The pods a disruption of `node` would move, largest first.
+    fn moving(&mut self, state: &ClusterState, node: &str) -> Vec<PodInfo> {
+        let st = state.read();
+        let bound = self.bound.get_or_insert_with(|| {
+            let mut by_node: HashMap<String, Vec<NsKey>> = HashMap::new();
+            for (key, p) in &st.pods {
+                if let Some(n) = pods::node_name(p) {
+                    by_node.entry(n.to_string()).or_default().push(key.clone());
+                }
+            }
+            by_node
+        });
+        let mut moving: Vec<PodInfo> = bound
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| st.pods.get(k))
+            .filter(|p| pods::is_reschedulable(p) && pods::node_name(p) == Some(node))
+            .map(PodInfo::new)
+            .collect();
+        sort_pods(&mut moving);
+        moving
     }
 }
 
@@ -265,7 +292,7 @@ impl Disrupter {
             }
             // Where its pods would go (S47, S48): on the other nodes, in the room left by
             // pending pods, draining nodes and this round's decisions.
-            let mut moving = moving_pods(&state.read(), &node_name);
+            let mut moving = round.moving(state, &node_name);
             self.volumes.resolve(ctx, &mut moving).await?;
             let plan = round.elsewhere(state).plan(&node_name, &moving);
             let Some(plan) = plan else {

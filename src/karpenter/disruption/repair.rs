@@ -1,6 +1,7 @@
 //! Node repair (S43), as core's node health controller: a NodeClaim whose Node has shown an
 //! unhealthy condition for longer than that condition's toleration is deleted (forcefully: no
-//! budget, no do-not-disrupt), unless more than 20% of its NodePool's nodes are unhealthy —
+//! budget, no do-not-disrupt, and its drain's deadline — `karpenter.sh/nodeclaim-termination-
+//! timestamp` — is now, so PodDisruptionBudgets do not hold it either), unless more than 20% of its NodePool's nodes are unhealthy —
 //! then nothing of that pool is repaired and a `NodeRepairBlocked` event says why. In an API or
 //! network partition every node goes NotReady at once; draining the whole fleet then would
 //! turn an outage into lost workloads. Off unless enabled ([`KarpenterConfig::node_repair`]),
@@ -11,9 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use serde_json::json;
 
 use super::super::lifecycle::node_ready;
 use super::super::state::{ClusterState, Inner};
+use super::super::termination::deadline::{self, Recorded, TERMINATION_TIMESTAMP_ANNOTATION};
 use super::super::{KarpenterConfig, KarpenterError};
 use super::Notices;
 use crate::actors::Context;
@@ -123,6 +126,19 @@ pub(super) async fn repair<C: Cluster, T: Transport>(
                 }
             }
             continue;
+        }
+        // As core: an unhealthy node goes forcefully, its drain's deadline is now (PDBs and
+        // do-not-disrupt pods no longer hold it; an earlier deadline stands).
+        let now = ctx.clock.now();
+        if !matches!(deadline::recorded(&nc), Recorded::At(t) if t <= now) {
+            let patch = json!({"metadata": {"annotations": {
+                TERMINATION_TIMESTAMP_ANNOTATION: deadline::format(now),
+            }}});
+            match ctx.cluster.patch::<NodeClaim>(None, &name, &patch).await {
+                Ok(updated) => state.observe_claim(updated),
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            }
         }
         let msg = format!(
             "Node {condition} for over {}; deleting NodeClaim {name}",

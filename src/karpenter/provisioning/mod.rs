@@ -131,7 +131,8 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                 None => supported.push(p),
             }
         }
-        let offers = self.offers(&pools).await?;
+        // S64: why pools cannot launch now, told to every pod left pending.
+        let (offers, blocked) = self.offers(&pools).await?;
         let types: BTreeMap<String, InstanceType> = offers
             .iter()
             .flat_map(|o| o.types.iter().map(|t| (t.name.clone(), t.clone())))
@@ -148,8 +149,13 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
         let usage = pack::pool_usage(&claims, &types);
         let outcome = pack::pack(&left, &offers, budgets, usage);
         for (pod, why) in &outcome.unplaced {
-            self.tell(pod, "FailedProvisioning", why).await;
-            report.unplaced.push((pod.key(), why.clone()));
+            let why = if blocked.is_empty() {
+                why.clone()
+            } else {
+                format!("{why}; {}", blocked.join("; "))
+            };
+            self.tell(pod, "FailedProvisioning", &why).await;
+            report.unplaced.push((pod.key(), why));
         }
         for claim in outcome.claims {
             let pool = pools
@@ -191,8 +197,14 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             .await;
     }
 
-    /// For each NodePool (by weight, then name) the instance types of its node class.
-    async fn offers(&self, pools: &[NodePool]) -> Result<Vec<PoolOffer>, KarpenterError> {
+    /// For each NodePool (by weight, then name) the instance types of its node class, and
+    /// why the pools that cannot launch now cannot (S64; a pool whose class is missing or not
+    /// Ready gets no offer, so no NodeClaim is created and deleted again and again).
+    async fn offers(
+        &self,
+        pools: &[NodePool],
+    ) -> Result<(Vec<PoolOffer>, Vec<String>), KarpenterError> {
+        use crate::actors::availability::{class_blocker, no_host};
         let hosts = self.ctx.hosts.snapshot();
         let mut classes: BTreeMap<String, Option<SSHNodeClass>> = BTreeMap::new();
         let daemonsets = {
@@ -200,6 +212,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             st.daemonsets.values().cloned().collect::<Vec<_>>()
         };
         let mut offers = vec![];
+        let mut blocked = vec![];
         for pool in pools {
             let class_name = &pool.spec.template.spec.node_class_ref.name;
             if !classes.contains_key(class_name) {
@@ -210,9 +223,16 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                     .await?;
                 classes.insert(class_name.clone(), c);
             }
-            let Some(Some(class)) = classes.get(class_name) else {
+            let pool_name = pool.metadata.name.as_deref().unwrap_or_default();
+            let class = classes.get(class_name).and_then(Option::as_ref);
+            if let Some(why) = class_blocker(pool_name, class_name, class) {
+                blocked.push(why);
+                continue;
+            }
+            let Some(class) = class else {
                 continue;
             };
+            blocked.extend(no_host(pool_name, class, &hosts));
             let types = match instance_types(class, &hosts, self.ctx.config.split_mixed_arch) {
                 Ok(t) => t,
                 Err(e) => {
@@ -223,7 +243,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             offers.push(PoolOffer::new(pool, class, types, &daemonsets));
         }
         offers.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.pool.cmp(&b.pool)));
-        Ok(offers)
+        Ok((offers, blocked))
     }
 
     /// Claimable hosts per class, less the claims of that class not yet holding a host.

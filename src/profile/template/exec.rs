@@ -8,18 +8,73 @@ use super::parser::{Command, Node, OpKind, Operand, Pipeline};
 // ---------------------------------------------------------------------------------------------
 // Execution
 
+/// How deep `{{template}}` calls may nest (Go allows 100,000; a thread stack does not).
+const MAX_TEMPLATE_DEPTH: usize = 200;
+
+/// A `break` or `continue` on its way out to the enclosing range.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Break,
+    Continue,
+}
+
 pub(super) struct Exec<'a> {
-    pub(super) root: &'a Value,
+    /// `$`: the data, or the value a `{{template}}` call passed.
+    pub(super) root: Value,
     pub(super) vars: Vec<(String, Value)>,
     pub(super) out: String,
+    pub(super) defines: &'a [(String, Vec<Node>)],
+    pub(super) depth: usize,
+    flow: Option<Flow>,
 }
 
 pub(super) type EResult<T> = Result<T, (usize, String)>;
 
-impl Exec<'_> {
+impl<'a> Exec<'a> {
+    pub(super) fn new(root: Value, defines: &'a [(String, Vec<Node>)]) -> Self {
+        Exec {
+            root,
+            vars: Vec::new(),
+            out: String::new(),
+            defines,
+            depth: 0,
+            flow: None,
+        }
+    }
+
     pub(super) fn nodes(&mut self, nodes: &[Node], dot: &Value) -> EResult<()> {
         for n in nodes {
+            if self.flow.is_some() {
+                return Ok(());
+            }
             match n {
+                Node::Break => self.flow = Some(Flow::Break),
+                Node::Continue => self.flow = Some(Flow::Continue),
+                Node::Template { pos, name, pipe } => {
+                    let defines = self.defines;
+                    let Some((_, body)) = defines.iter().find(|(n, _)| n == name) else {
+                        return Err((*pos, format!("no such template \"{name}\"")));
+                    };
+                    let new_dot = match pipe {
+                        Some(p) => self.pipeline(p, dot)?,
+                        None => Value::Nil,
+                    };
+                    if self.depth >= MAX_TEMPLATE_DEPTH {
+                        return Err((
+                            *pos,
+                            format!("exceeded maximum template depth ({MAX_TEMPLATE_DEPTH})"),
+                        ));
+                    }
+                    // The called template sees only `$`, which is the value passed.
+                    let root = std::mem::replace(&mut self.root, new_dot.clone());
+                    let vars = std::mem::take(&mut self.vars);
+                    self.depth += 1;
+                    let ran = self.nodes(body, &new_dot);
+                    self.depth -= 1;
+                    self.root = root;
+                    self.vars = vars;
+                    ran?;
+                }
                 Node::Text(t) => self.out.push_str(t),
                 Node::Action(p) => {
                     let v = self.pipeline(p, dot)?;
@@ -113,6 +168,9 @@ impl Exec<'_> {
                         }
                         self.nodes(body, &v)?;
                         self.vars.truncate(iter_mark);
+                        if self.flow.take() == Some(Flow::Break) {
+                            break;
+                        }
                     }
                     self.vars.truncate(mark);
                 }

@@ -57,12 +57,22 @@ pub struct TemplateError {
 #[derive(Debug, Clone)]
 pub struct Template {
     src: String,
-    nodes: Vec<Node>,
+    /// The template run by [`Template::render`].
+    name: String,
+    /// Every template of the set: `define`s, `block`s and the script itself.
+    defines: Vec<(String, Vec<Node>)>,
 }
 
 impl Template {
-    /// Parses `src`. Unknown functions, undefined variables and syntax errors fail here.
+    /// Parses `src` as the template `join` (see [`Template::parse_named`]).
     pub fn parse(src: &str) -> Result<Template, TemplateError> {
+        Template::parse_named(src, "join")
+    }
+
+    /// Parses `src` as the template `name` — the Go provider names each script after its phase,
+    /// which matters only to a `{{define}}` of that same name. Unknown functions, undefined
+    /// variables and syntax errors fail here.
+    pub fn parse_named(src: &str, name: &str) -> Result<Template, TemplateError> {
         let err = |(pos, msg): (usize, String)| {
             let (line, col) = line_col(src, pos);
             TemplateError { line, col, msg }
@@ -71,26 +81,35 @@ impl Template {
         let mut parser = Parser {
             items: items.into_iter(),
             vars: Vec::new(),
+            depth: 0,
+            range_depth: 0,
+            defines: Vec::new(),
         };
         let (nodes, term) = parser.list().map_err(err)?;
         match term {
-            Terminator::Eof => Ok(Template {
-                src: src.to_string(),
-                nodes,
-            }),
-            Terminator::End(p) => Err(err((p, "unexpected {{end}}".into()))),
-            Terminator::Else(p, _) => Err(err((p, "unexpected {{else}}".into()))),
+            Terminator::Eof => {}
+            Terminator::End(p) => return Err(err((p, "unexpected {{end}}".into()))),
+            Terminator::Else(p, _) => return Err(err((p, "unexpected {{else}}".into()))),
         }
+        // The script itself is one more template of the set, added last (as Go's parser does).
+        parser.add_define(0, name.to_string(), nodes).map_err(err)?;
+        Ok(Template {
+            src: src.to_string(),
+            name: name.to_string(),
+            defines: parser.defines,
+        })
     }
 
     /// Renders against `data` (normally a [`Value::Root`]).
     pub fn render(&self, data: &Value) -> Result<Vec<u8>, TemplateError> {
-        let mut ex = Exec {
-            root: data,
-            vars: Vec::new(),
-            out: String::new(),
-        };
-        ex.nodes(&self.nodes, data).map_err(|(pos, msg)| {
+        let mut ex = Exec::new(data.clone(), &self.defines);
+        let main = self
+            .defines
+            .iter()
+            .find(|(n, _)| *n == self.name)
+            .map(|(_, nodes)| nodes.as_slice())
+            .unwrap_or_default();
+        ex.nodes(main, data).map_err(|(pos, msg)| {
             let (line, col) = line_col(&self.src, pos);
             TemplateError { line, col, msg }
         })?;

@@ -22,6 +22,37 @@ pub(super) enum Node {
         body: Vec<Node>,
         otherwise: Vec<Node>,
     },
+    /// `{{template "name" pipeline}}` (also what `{{block}}` leaves in place).
+    Template {
+        pos: usize,
+        name: String,
+        pipe: Option<Pipeline>,
+    },
+    Break,
+    Continue,
+}
+
+/// The quoted name of `define`, `template` or `block`.
+fn template_name(toks: &[Token], pos: usize, kw: &str) -> PResult<String> {
+    match toks.get(1) {
+        Some(Token {
+            tok: Tok::Str(name),
+            ..
+        }) => Ok(name.clone()),
+        Some(t) => Err((
+            t.pos,
+            format!("unexpected token in {kw} clause: expected a quoted name"),
+        )),
+        None => Err((pos, format!("missing name in {kw} clause"))),
+    }
+}
+
+/// Go's `IsEmptyTree`: nothing but white space (comments leave no node).
+pub(super) fn is_empty_tree(nodes: &[Node]) -> bool {
+    nodes.iter().all(|n| match n {
+        Node::Text(t) => t.trim().is_empty(),
+        _ => false,
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -60,9 +91,7 @@ pub(super) const FUNCS: &[&str] = &[
     "and", "or", "not", "eq", "ne", "lt", "le", "gt", "ge", "len", "index", "print", "printf",
     "println",
 ];
-pub(super) const UNSUPPORTED: &[&str] = &[
-    "define", "template", "block", "break", "continue", "call", "slice", "html", "js", "urlquery",
-];
+pub(super) const UNSUPPORTED: &[&str] = &["call", "slice", "html", "js", "urlquery"];
 
 pub(super) enum Terminator {
     Eof,
@@ -73,6 +102,12 @@ pub(super) enum Terminator {
 pub(super) struct Parser {
     pub(super) items: std::vec::IntoIter<Item>,
     pub(super) vars: Vec<String>,
+    /// Nesting of control structures: `define` is allowed at 0 only.
+    pub(super) depth: usize,
+    /// Range bodies around the current list: `break` and `continue` need one.
+    pub(super) range_depth: usize,
+    /// `define`d and `block` templates, by name.
+    pub(super) defines: Vec<(String, Vec<Node>)>,
 }
 
 impl Parser {
@@ -102,6 +137,59 @@ impl Parser {
                         Tok::Ident(k) if k == "range" => {
                             nodes.push(self.range(pos, toks[1..].to_vec())?);
                         }
+                        Tok::Ident(k) if k == "define" => {
+                            if self.depth > 0 {
+                                return Err((first.pos, "unexpected <define> in command".into()));
+                            }
+                            let name = template_name(&toks, pos, "define")?;
+                            if toks.len() > 2 {
+                                return Err((
+                                    toks[2].pos,
+                                    "unexpected token in define clause".into(),
+                                ));
+                            }
+                            let body = self.definition(pos, "define")?;
+                            self.add_define(pos, name, body)?;
+                        }
+                        Tok::Ident(k) if k == "template" => {
+                            let name = template_name(&toks, pos, "template")?;
+                            let pipe = if toks.len() > 2 {
+                                Some(self.pipeline(toks[2].pos, &toks[2..], true)?)
+                            } else {
+                                None
+                            };
+                            nodes.push(Node::Template { pos, name, pipe });
+                        }
+                        Tok::Ident(k) if k == "block" => {
+                            let name = template_name(&toks, pos, "block")?;
+                            if toks.len() < 3 {
+                                return Err((pos, "missing value for block clause".into()));
+                            }
+                            let pipe = self.pipeline(toks[2].pos, &toks[2..], true)?;
+                            let body = self.definition(pos, "block")?;
+                            self.add_define(pos, name.clone(), body)?;
+                            nodes.push(Node::Template {
+                                pos,
+                                name,
+                                pipe: Some(pipe),
+                            });
+                        }
+                        Tok::Ident(k) if k == "break" || k == "continue" => {
+                            if toks.len() > 1 {
+                                return Err((
+                                    toks[1].pos,
+                                    format!("unexpected token in {{{{{k}}}}}"),
+                                ));
+                            }
+                            if self.range_depth == 0 {
+                                return Err((pos, format!("{{{{{k}}}}} outside {{{{range}}}}")));
+                            }
+                            nodes.push(if k == "break" {
+                                Node::Break
+                            } else {
+                                Node::Continue
+                            });
+                        }
                         Tok::Ident(k) if UNSUPPORTED.contains(&k.as_str()) => {
                             return Err((first.pos, format!("\"{k}\" is not supported")));
                         }
@@ -116,6 +204,51 @@ impl Parser {
         Ok((nodes, Terminator::Eof))
     }
 
+    /// A list inside a control structure; `range_body`: a range's body, where `break` and
+    /// `continue` are allowed.
+    fn nested_list(&mut self, range_body: bool) -> PResult<(Vec<Node>, Terminator)> {
+        self.depth += 1;
+        self.range_depth += usize::from(range_body);
+        let listed = self.list();
+        self.range_depth -= usize::from(range_body);
+        self.depth -= 1;
+        listed
+    }
+
+    /// The body of a `define` or `block`, up to its `end`: its own variables (only `$`) and
+    /// no enclosing range.
+    fn definition(&mut self, pos: usize, kw: &str) -> PResult<Vec<Node>> {
+        let vars = std::mem::take(&mut self.vars);
+        let range_depth = std::mem::replace(&mut self.range_depth, 0);
+        self.depth += 1;
+        let listed = self.list();
+        self.depth -= 1;
+        self.vars = vars;
+        self.range_depth = range_depth;
+        match listed? {
+            (body, Terminator::End(_)) => Ok(body),
+            (_, Terminator::Else(p, _)) => Err((p, format!("unexpected else in {kw} clause"))),
+            (_, Terminator::Eof) => Err((pos, format!("unexpected EOF: {kw} without end"))),
+        }
+    }
+
+    /// Go's rule for a second definition: an empty one never replaces, two non-empty ones are
+    /// an error.
+    pub(super) fn add_define(&mut self, pos: usize, name: String, body: Vec<Node>) -> PResult<()> {
+        match self.defines.iter_mut().find(|(n, _)| *n == name) {
+            None => self.defines.push((name, body)),
+            Some((_, old)) if is_empty_tree(old) => *old = body,
+            Some(_) if is_empty_tree(&body) => {}
+            Some(_) => {
+                return Err((
+                    pos,
+                    format!("template: multiple definition of template \"{name}\""),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn conditional(&mut self, kw: &str, pos: usize, toks: Vec<Token>) -> PResult<Node> {
         let mark = self.vars.len();
         let mut branches = Vec::new();
@@ -124,18 +257,16 @@ impl Parser {
         let mut cond_pos = pos;
         loop {
             let pipe = self.pipeline(cond_pos, &cond_toks, true)?;
-            let body_mark = self.vars.len();
-            let (body, term) = self.list()?;
-            self.vars.truncate(body_mark);
+            // As Go: variables declared in one branch stay declared (for parsing) until the
+            // end of the whole if/with; running an unset one is an error.
+            let (body, term) = self.nested_list(false)?;
             branches.push((pipe, body));
             match term {
                 Terminator::End(_) => break,
                 Terminator::Eof => return Err((pos, format!("unexpected EOF: {kw} without end"))),
                 Terminator::Else(epos, rest) => {
                     if rest.is_empty() {
-                        let body_mark = self.vars.len();
-                        let (body, term) = self.list()?;
-                        self.vars.truncate(body_mark);
+                        let (body, term) = self.nested_list(false)?;
                         otherwise = body;
                         match term {
                             Terminator::End(_) => break,
@@ -182,8 +313,7 @@ impl Parser {
         if pipe.decl.len() > 2 {
             return Err((pos, "range can declare at most two variables".into()));
         }
-        let (body, term) = self.list()?;
-        self.vars.truncate(mark);
+        let (body, term) = self.nested_list(true)?;
         let otherwise = match term {
             Terminator::End(_) => Vec::new(),
             Terminator::Eof => return Err((pos, "unexpected EOF: range without end".into())),
@@ -191,7 +321,7 @@ impl Parser {
                 if !rest.is_empty() {
                     return Err((epos, "range only takes a plain else".into()));
                 }
-                let (body, term) = self.list()?;
+                let (body, term) = self.nested_list(false)?;
                 match term {
                     Terminator::End(_) => body,
                     Terminator::Eof => {

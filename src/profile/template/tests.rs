@@ -221,7 +221,7 @@ fn unknown_functions_and_parse_errors_have_positions() {
     assert!(e.msg.contains("function \"quote\" not defined"), "{e}");
     assert!(Template::parse("{{ default \"x\" .A }}").is_err());
     assert!(
-        Template::parse("{{ template \"x\" }}")
+        Template::parse("{{ slice .A 1 }}")
             .unwrap_err()
             .msg
             .contains("not supported")
@@ -313,4 +313,45 @@ proptest::proptest! {
         let t = Template::parse(&src).unwrap();
         proptest::prop_assert_eq!(t.render(&root()).unwrap(), src.as_bytes());
     }
+}
+
+#[test]
+fn define_template_block_break_continue() {
+    // S61: as Go's text/template.
+    assert_eq!(
+        render("{{define \"greet\"}}hi {{.}}{{end}}{{template \"greet\" .NodeName}}|{{template \"greet\"}}")
+            .unwrap(),
+        "hi node-a|hi <no value>"
+    );
+    assert_eq!(
+        render("{{block \"b\" .Vars.region}}[{{.}}]{{end}}").unwrap(),
+        "[eu-west-1]"
+    );
+    // A later empty definition does not replace, two non-empty ones are an error.
+    assert_eq!(
+        render("{{define \"x\"}}1{{end}}{{define \"x\"}} {{end}}{{template \"x\"}}").unwrap(),
+        "1"
+    );
+    assert!(Template::parse("{{define \"x\"}}1{{end}}{{define \"x\"}}2{{end}}").is_err());
+    assert!(
+        err("{{template \"missing\"}}")
+            .msg
+            .contains("no such template")
+    );
+    assert!(Template::parse("{{if true}}{{define \"x\"}}{{end}}{{end}}").is_err());
+    assert_eq!(
+        render("{{range $i, $v := .List}}{{if eq $i 1}}{{break}}{{end}}{{$v}}{{end}}").unwrap(),
+        "x"
+    );
+    assert_eq!(
+        render("{{range .List}}{{if eq . \"x\"}}{{continue}}{{end}}{{.}}{{end}}").unwrap(),
+        "y"
+    );
+    assert!(Template::parse("{{break}}").is_err());
+    assert!(Template::parse("{{range .List}}{{else}}{{break}}{{end}}").is_err());
+    assert!(
+        err("{{define \"r\"}}{{template \"r\"}}{{end}}{{template \"r\"}}")
+            .msg
+            .contains("depth")
+    );
 }

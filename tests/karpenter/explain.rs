@@ -1,0 +1,164 @@
+//! S63/S64 on the provisioning side: a NodePool whose node class cannot launch (no cluster
+//! endpoint) creates no NodeClaim at all, instead of creating and deleting one every round;
+//! the pending pod's event names the NodePool and tells "class not Ready", "no host" and
+//! "hosts unhealthy or backing off" apart.
+
+use kpssh::api::{NodeClaim, SSHNodeClass};
+use kpssh::k8s::Cluster;
+use serde_json::json;
+
+use super::*;
+
+/// The FailedProvisioning event of pod `name`, once there is one.
+async fn pod_event(e: &Env, name: &str) -> Option<String> {
+    e.w.cluster
+        .events()
+        .into_iter()
+        .find(|ev| ev.reason == "FailedProvisioning" && ev.regarding.name == name)
+        .map(|ev| ev.message)
+}
+
+async fn ready_reason(e: &Env) -> Option<String> {
+    let class: Option<SSHNodeClass> = e.w.cluster.get(None, "pool").await.expect("get");
+    class
+        .and_then(|c| c.status)
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.reason)
+}
+
+#[tokio::test(start_paused = true)]
+async fn s63_s64_a_class_without_cluster_endpoint_creates_no_nodeclaims_and_says_why() {
+    let e = env().await;
+    hosts(&e, "h", "small", 1, 2, 4, 50).await;
+    // Neither spec.cluster nor kube-public/cluster-info: every launch would fail.
+    let _: SSHNodeClass =
+        e.w.cluster
+            .patch(None, "pool", &json!({"spec": {"cluster": null}}))
+            .await
+            .expect("drop spec.cluster");
+    let ok =
+        e.w.until(MINUTE, || async {
+            ready_reason(&e).await.as_deref() == Some("NoClusterEndpoint")
+        })
+        .await;
+    assert!(
+        ok,
+        "class Ready=False NoClusterEndpoint: {:?}",
+        ready_reason(&e).await
+    );
+    assert!(
+        e.w.cluster
+            .events()
+            .iter()
+            .any(|ev| ev.reason == "NoClusterEndpoint"),
+        "an event on the class"
+    );
+    e.w.cluster
+        .create(&nodepool("default"))
+        .await
+        .expect("nodepool");
+    e.w.cluster
+        .create(&pod("p0", "1", "1Gi"))
+        .await
+        .expect("pod");
+    // Five minutes of provisioning rounds: not one NodeClaim.
+    for _ in 0..30 {
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        let claims: Vec<NodeClaim> = e.w.cluster.list(None, None).await.expect("list");
+        assert!(
+            claims.is_empty(),
+            "no NodeClaim for a class that cannot launch"
+        );
+    }
+    assert!(
+        !e.w.cluster
+            .events()
+            .iter()
+            .any(|ev| ev.reason == "Launching"),
+        "nothing launched"
+    );
+    let msg = pod_event(&e, "p0").await.expect("an event on the pod");
+    assert!(
+        msg.contains("NodePool default: SSHNodeClass pool is not Ready (NoClusterEndpoint)"),
+        "{msg}"
+    );
+    assert!(msg.contains("spec.cluster"), "the fix is named: {msg}");
+    // Publishing kube-public/cluster-info makes the class Ready and the pod gets its node.
+    let cm = k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("cluster-info".into()),
+            namespace: Some("kube-public".into()),
+            ..Default::default()
+        },
+        data: Some(std::collections::BTreeMap::from([(
+            "kubeconfig".to_string(),
+            "clusters:\n- cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: Q0E=\n  name: ''\n".to_string(),
+        )])),
+        ..Default::default()
+    };
+    e.w.cluster.create(&cm).await.expect("cluster-info");
+    let ok =
+        e.w.until(2 * MINUTE, || async {
+            ready_reason(&e).await.as_deref() == Some("Ready")
+        })
+        .await;
+    assert!(
+        ok,
+        "Ready once cluster-info exists: {:?}",
+        ready_reason(&e).await
+    );
+    let ok =
+        e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
+            .await;
+    assert!(ok, "the pod runs");
+}
+
+#[tokio::test(start_paused = true)]
+async fn s64_the_pod_is_told_no_host_apart_from_unhealthy_hosts() {
+    let e = env().await;
+    e.w.cluster
+        .create(&nodepool("default"))
+        .await
+        .expect("nodepool");
+    e.w.cluster
+        .create(&pod("lonely", "1", "1Gi"))
+        .await
+        .expect("pod");
+    let ok =
+        e.w.until(MINUTE, || async { pod_event(&e, "lonely").await.is_some() })
+            .await;
+    assert!(ok, "an event on the pod");
+    let msg = pod_event(&e, "lonely").await.unwrap_or_default();
+    assert!(
+        msg.contains("NodePool default: no SSHHost matches SSHNodeClass pool's hostSelector"),
+        "{msg}"
+    );
+    // A host that cannot be reached: Unhealthy, and the next pod is told so.
+    hosts(&e, "h", "small", 1, 2, 4, 51).await;
+    e.w.transport
+        .with("10.51.0.1", |h| h.reachable = false)
+        .expect("sim host");
+    let ok =
+        e.w.until(5 * MINUTE, || async {
+            host_states(&e).await.get(&HostState::Unhealthy) == Some(&1)
+        })
+        .await;
+    assert!(ok, "host Unhealthy");
+    e.w.cluster
+        .create(&pod("unlucky", "1", "1Gi"))
+        .await
+        .expect("pod");
+    let ok =
+        e.w.until(MINUTE, || async {
+            pod_event(&e, "unlucky").await.is_some()
+        })
+        .await;
+    assert!(ok, "an event on the second pod");
+    let msg = pod_event(&e, "unlucky").await.unwrap_or_default();
+    assert!(
+        msg.contains(
+            "NodePool default: none of the 1 hosts of SSHNodeClass pool is free (1 Unhealthy)"
+        ),
+        "{msg}"
+    );
+}
