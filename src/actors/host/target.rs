@@ -4,8 +4,8 @@ use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use thiserror::Error;
 
 use crate::api::SSHHost;
-use crate::api::host::PinnedHostKey;
 use crate::api::host::SecretRef;
+use crate::api::host::{PinnedHostKey, valid_address};
 use crate::k8s::{Cluster, ClusterError};
 use crate::secret::Secret;
 use crate::ssh::{HostKeyPin, HostTarget, JumpKey};
@@ -24,6 +24,12 @@ pub enum TargetError {
     KeyMissing { namespace: String, name: String },
     #[error("SSHHost {host}: port {port} is out of range")]
     BadPort { host: String, port: i32 },
+    #[error("SSHHost {host}: {field} {address:?} is neither an IP literal nor a DNS name")]
+    BadAddress {
+        host: String,
+        field: &'static str,
+        address: String,
+    },
     #[error(transparent)]
     Api(#[from] ClusterError),
 }
@@ -43,6 +49,11 @@ pub async fn host_target<C: Cluster>(
 ) -> Result<HostTarget, TargetError> {
     let name = host.metadata.name.clone().unwrap_or_default();
     let id = format!("{ns}/{name}");
+    // The CRD refuses such addresses too; an object admitted before that rule is refused here.
+    check_address(&id, "spec.address", &host.spec.address)?;
+    if let Some(jump) = &host.spec.proxy_jump {
+        check_address(&id, "spec.proxyJump.address", &jump.address)?;
+    }
     let (key, known_host) = read_key(cluster, ns, &host.spec.ssh_key_secret_ref).await?;
     let fingerprint = host
         .status
@@ -79,6 +90,18 @@ pub async fn host_target<C: Cluster>(
         target.jump = Some(Box::new(bastion));
     }
     Ok(target)
+}
+
+fn check_address(id: &str, field: &'static str, address: &str) -> Result<(), TargetError> {
+    if valid_address(address) {
+        Ok(())
+    } else {
+        Err(TargetError::BadAddress {
+            host: id.to_string(),
+            field,
+            address: address.chars().take(64).collect(),
+        })
+    }
 }
 
 fn port(id: &str, port: i32) -> Result<u16, TargetError> {
