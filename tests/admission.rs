@@ -574,3 +574,110 @@ async fn sshjoinprofile_rules() {
     )
     .await;
 }
+
+/// #23: the CRD's rules are as strict as the code that later reads the fields, so an object the
+/// API server admits is one the controller accepts: addresses (IP literal or DNS name, the
+/// same test as `valid_address`), script size in UTF-8 bytes (not characters), and the v2
+/// `expires` shape the manifest needs. Before, any address, scripts of up to 256 Ki characters
+/// (up to 1 MiB of UTF-8) and RFC 3339 times with fractions or offsets were admitted.
+#[tokio::test]
+async fn cel_rules_are_as_strict_as_the_code() {
+    use kpssh::api::host::valid_address;
+    use kpssh::profile::verified::Expires;
+    let client = setup().await;
+    let hosts = api::<SSHHost>(&client, Some("pool"));
+    let samples = [
+        "10.0.0.7",
+        "fd00::7",
+        "host-1.example.com",
+        "Host1",
+        "a",
+        "1.2.3.4.5",
+        "-leading.example.com",
+        "trailing-.example.com",
+        "under_score.example.com",
+        "two..dots",
+        "space here",
+        "-oProxyCommand=sh",
+        "host.example.com.",
+        "fe80::1%eth0",
+        "[fd00::1]",
+        "host:22",
+    ];
+    for (i, address) in samples.iter().enumerate() {
+        for (field, spec) in [
+            ("address", host_spec(json!({"address": address}))),
+            (
+                "proxyJump",
+                host_spec(
+                    json!({"proxyJump": {"address": address, "sshKeySecretRef": {"name": "b"}}}),
+                ),
+            ),
+        ] {
+            let o = obj(
+                "SSHHost",
+                &format!("addr-{field}-{i}").to_lowercase(),
+                Some("pool"),
+                spec,
+            );
+            if valid_address(address) {
+                accept(&hosts, o).await;
+            } else {
+                reject(&hosts, o, "address must be an IP literal or a DNS name").await;
+            }
+        }
+    }
+
+    let profiles = api::<SSHJoinProfile>(&client, None);
+    // 140,000 two-byte characters: under maxLength (characters), over 256 KiB in bytes.
+    let wide = "é".repeat(140_000);
+    assert!(wide.chars().count() <= 262_144 && wide.len() > 262_144);
+    reject(
+        &profiles,
+        obj(
+            "SSHJoinProfile",
+            "p-wide",
+            None,
+            json!({"scripts": {"install": wide, "join": "true", "leave": "true"}}),
+        ),
+        "at most 262144 bytes",
+    )
+    .await;
+    let fits = "é".repeat(131_072);
+    assert_eq!(fits.len(), 262_144);
+    accept(
+        &profiles,
+        obj(
+            "SSHJoinProfile",
+            "p-wide-fits",
+            None,
+            json!({"scripts": {"install": "true", "join": fits, "leave": "true"}}),
+        ),
+    )
+    .await;
+
+    for (i, expires) in [
+        "2027-01-01T12:00:00Z",
+        "2027-01-01T12:00:00.5Z",
+        "2027-01-01T12:00:00+00:00",
+        "2027-13-01T12:00:00Z",
+        "2027-01-01 12:00:00Z",
+        "2027-01-01T24:00:00Z",
+        "2027-1-01T12:00:00Z",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let o = obj(
+            "SSHJoinProfile",
+            &format!("p-expires-{i}"),
+            None,
+            profile_spec(json!({"signaturesV2": {"expires": expires}})),
+        );
+        if expires.parse::<Expires>().is_ok() {
+            accept(&profiles, o).await;
+        } else {
+            reject(&profiles, o, "signaturesV2.expires").await;
+        }
+    }
+}

@@ -36,9 +36,11 @@ use super::{DEFAULT_HOST_CLASS, HOST_CLASS_LABEL, MAINTENANCE_ANNOTATION, PROBE_
     "self.execMode != 'Verified' || (has(self.trustedSigners) && size(self.trustedSigners) >= 1)"
 ).message("execMode Verified requires at least one entry in trustedSigners"))]
 pub struct SSHHostSpec {
-    /// DNS name or IP the controller dials. Immutable: a different address is a different host.
+    /// DNS name or IP the controller dials ([`valid_address`]). Immutable: a different address
+    /// is a different host.
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("address is immutable; create a new SSHHost instead"))]
+    #[x_kube(validation = Rule::new("isIP(self) || self.matches('^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\\\\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$')").message("address must be an IP literal or a DNS name"))]
     pub address: String,
     #[serde(default = "default_port")]
     #[schemars(range(min = 1, max = 65535))]
@@ -81,7 +83,9 @@ pub struct SecretRef {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyJump {
+    /// DNS name or IP of the bastion ([`valid_address`]).
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("isIP(self) || self.matches('^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\\\\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$')").message("address must be an IP literal or a DNS name"))]
     pub address: String,
     #[serde(default = "default_port")]
     #[schemars(range(min = 1, max = 65535))]
@@ -124,6 +128,11 @@ pub struct SSHHostStatus {
     pub provider_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_key_fingerprint: Option<String>,
+    /// The bastion's host key, pinned on first use like `hostKeyFingerprint` (unless the
+    /// bastion's key Secret carries `knownHost`, which wins); for the bastion at `endpoint`
+    /// only: a `spec.proxyJump` pointing elsewhere is pinned anew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_jump_host_key: Option<PinnedHostKey>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_capacity: Option<BTreeMap<String, Quantity>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -180,6 +189,17 @@ pub struct LaunchBackoff {
     /// recorded: a Secret edited since then resets the backoff.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_version: Option<String>,
+}
+
+/// A host key pinned for one SSH endpoint.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct PinnedHostKey {
+    /// `address:port` the key was seen at.
+    #[schemars(length(min = 1, max = 260))]
+    pub endpoint: String,
+    /// `SHA256:` and 43 base64 characters.
+    #[schemars(length(min = 1, max = 128))]
+    pub fingerprint: String,
 }
 
 /// The NodeClaim holding a host, by name and UID (a reused name is a different claim).
@@ -309,6 +329,25 @@ impl SSHHost {
             .as_deref()
             .unwrap_or(self.spec.address.as_str())
     }
+}
+
+/// An address the controller dials: an IPv4 or IPv6 literal, or a DNS name (labels of 1–63
+/// letters, digits and inner hyphens, separated by dots), at most 253 characters. The CRD's
+/// rule on `address` and `proxyJump.address` is the same (tests/admission.rs compares them).
+pub fn valid_address(address: &str) -> bool {
+    if address.parse::<std::net::IpAddr>().is_ok() {
+        return true;
+    }
+    !address.is_empty()
+        && address.len() <= 253
+        && address.split('.').all(|label| {
+            let b = label.as_bytes();
+            !b.is_empty()
+                && b.len() <= 63
+                && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+                && b[0] != b'-'
+                && b[b.len() - 1] != b'-'
+        })
 }
 
 fn default_port() -> i32 {

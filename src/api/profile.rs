@@ -40,15 +40,21 @@ pub struct SSHJoinProfileSpec {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Scripts {
+    /// At most 256 KiB in bytes (`maxLength` counts characters; the rule counts UTF-8 bytes,
+    /// as the controller does).
     #[schemars(length(min = 1, max = 262144))]
+    #[x_kube(validation = Rule::new("size(bytes(self)) <= 262144").message("a script must be at most 262144 bytes (256 KiB) of UTF-8"))]
     pub install: String,
     #[schemars(length(min = 1, max = 262144))]
+    #[x_kube(validation = Rule::new("size(bytes(self)) <= 262144").message("a script must be at most 262144 bytes (256 KiB) of UTF-8"))]
     pub join: String,
     #[schemars(length(min = 1, max = 262144))]
+    #[x_kube(validation = Rule::new("size(bytes(self)) <= 262144").message("a script must be at most 262144 bytes (256 KiB) of UTF-8"))]
     pub leave: String,
     /// Never run by the controller; kept for operators.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 262144))]
+    #[x_kube(validation = Rule::new("size(bytes(self)) <= 262144").message("a script must be at most 262144 bytes (256 KiB) of UTF-8"))]
     pub uninstall: Option<String>,
 }
 
@@ -93,9 +99,10 @@ pub struct PhaseSignatures {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct ManifestSignatures {
-    /// RFC 3339 time after which hosts refuse these signatures.
-    #[schemars(length(min = 1, max = 64))]
-    #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\\\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$')").message("signaturesV2.expires must be an RFC 3339 time"))]
+    /// UTC time after which hosts refuse these signatures, exactly `YYYY-MM-DDTHH:MM:SSZ` (the
+    /// manifest carries this string; the controller and the shim accept no other shape).
+    #[schemars(length(min = 20, max = 20))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]Z$')").message("signaturesV2.expires must be a UTC time YYYY-MM-DDTHH:MM:SSZ (whole seconds, no offset)"))]
     pub expires: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16384))]

@@ -405,6 +405,7 @@ impl Transport for SimTransport {
         Ok(ProbeReport {
             facts,
             fingerprint: host.fingerprint,
+            jump: None,
         })
     }
 

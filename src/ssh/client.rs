@@ -36,7 +36,7 @@ use crate::ssh::known_host::{PinCheck, fingerprint};
 use crate::ssh::pool::{Origin, Pool, PoolConfig, Pooled};
 use crate::ssh::probe::{self, PROBE_SCRIPT, ProbeError, VERIFIED_PROBE_COMMAND};
 use crate::ssh::transport::{
-    CommandOutput, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
+    CommandOutput, HostTarget, JumpKey, ProbeReport, RemoteCommand, Transport, TransportError,
 };
 
 /// Tunables of the real transport.
@@ -171,8 +171,17 @@ fn identity(target: &HostTarget) -> u64 {
     h.finish()
 }
 
-fn jump_key(j: &HostTarget) -> String {
-    format!("jump {}@{}:{}", j.user, j.address, j.port)
+/// The pool key of a bastion connection: who logs in where, and with which key (its public
+/// fingerprint), so that hosts reaching one bastion with different keys each keep their own
+/// connection instead of replacing each other's on every call.
+fn jump_key(j: &HostTarget, key: &russh::keys::PrivateKey) -> String {
+    format!(
+        "jump {}@{}:{} {}",
+        j.user,
+        j.address,
+        j.port,
+        key.public_key().fingerprint(HashAlg::Sha256)
+    )
 }
 
 fn dial_addr(t: &HostTarget) -> String {
@@ -348,13 +357,20 @@ impl RusshTransport {
                     (self.handshake(target, stream, handler, key).await?, None)
                 }
                 Some(bastion) => {
-                    let (bconn, _) = self.bastion(bastion).await.map_err(|e| {
+                    let (bconn, _) = self.bastion(bastion).await.map_err(|e| match e {
+                        // The bastion's key or credentials are wrong: a configuration problem
+                        // (never retried as a network error), named after the bastion.
+                        TransportError::HostKeyMismatch { .. }
+                        | TransportError::PinInvalid { .. }
+                        | TransportError::KeyInvalid { .. }
+                        | TransportError::KeyEncrypted { .. }
+                        | TransportError::AuthRefused { .. } => e,
                         // Name the target host; keep the bastion's error text.
-                        TransportError::DialFailed {
+                        e => TransportError::DialFailed {
                             host: host.into(),
                             address: dial_addr(target),
                             reason: format!("via jump host: {e}"),
-                        }
+                        },
                     })?;
                     let addr = dial_addr(target);
                     let channel = match timeout(
@@ -415,7 +431,7 @@ impl RusshTransport {
                 host: bastion.host.clone(),
                 reason,
             })?;
-        let pool_key = jump_key(bastion);
+        let pool_key = jump_key(bastion, &key);
         let (conn, origin) = self
             .pool
             .get_or_dial(&pool_key, identity(bastion), || {
@@ -727,7 +743,7 @@ impl Transport for RusshTransport {
                 .with_stdin(PROBE_SCRIPT.as_bytes()),
             Some(_) => RemoteCommand::verbatim(VERIFIED_PROBE_COMMAND, self.config.probe_timeout),
         };
-        let (out, fingerprint) = self.exec_with_fingerprint(target, cmd).await?;
+        let (out, fingerprint, jump) = self.exec_with_fingerprint(target, cmd).await?;
         let probe_err = |source| TransportError::Probe {
             host: target.host.clone(),
             source,
@@ -739,7 +755,18 @@ impl Transport for RusshTransport {
             }));
         }
         let facts = probe::parse_probe_output(&out.stdout).map_err(probe_err)?;
-        Ok(ProbeReport { facts, fingerprint })
+        let jump = match (&target.jump, jump) {
+            (Some(bastion), Some(fingerprint)) => Some(JumpKey {
+                endpoint: JumpKey::endpoint_of(bastion),
+                fingerprint,
+            }),
+            _ => None,
+        };
+        Ok(ProbeReport {
+            facts,
+            fingerprint,
+            jump,
+        })
     }
 
     async fn exec(
@@ -749,7 +776,7 @@ impl Transport for RusshTransport {
     ) -> Result<CommandOutput, TransportError> {
         self.exec_with_fingerprint(target, cmd)
             .await
-            .map(|(o, _)| o)
+            .map(|(o, _, _)| o)
     }
 
     async fn forget(&self, host: &str) {
@@ -762,7 +789,7 @@ impl RusshTransport {
         &self,
         target: &HostTarget,
         cmd: RemoteCommand,
-    ) -> Result<(CommandOutput, String), TransportError> {
+    ) -> Result<(CommandOutput, String, Option<String>), TransportError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -775,7 +802,8 @@ impl RusshTransport {
                         debug!(host = %target.host, "retiring a connection whose channel did not close cleanly");
                         self.pool.forget_if(&target.host, &conn);
                     }
-                    return Ok((out, conn.fingerprint.clone()));
+                    let jump = conn.jump.as_ref().map(|j| j.fingerprint.clone());
+                    return Ok((out, conn.fingerprint.clone(), jump));
                 }
                 Err(RunError::Open(e)) => {
                     self.pool.forget_if(&target.host, &conn);

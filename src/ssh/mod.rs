@@ -11,5 +11,6 @@ pub mod transport;
 pub use client::{DialLimiter, RusshTransport, TransportConfig};
 pub use probe::{ProbeError, ProbeFacts};
 pub use transport::{
-    CommandOutput, HostKeyPin, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
+    CommandOutput, HostKeyPin, HostTarget, JumpKey, ProbeReport, RemoteCommand, Transport,
+    TransportError,
 };

@@ -144,6 +144,23 @@ pub struct ProbeReport {
     pub facts: ProbeFacts,
     /// The host key fingerprint seen (and verified against the pin), `SHA256:…`.
     pub fingerprint: String,
+    /// The bastion's host key, when the host is reached through a jump host (verified against
+    /// the bastion's pin), so that it can be pinned on first use like the host's own.
+    pub jump: Option<JumpKey>,
+}
+
+/// The host key a bastion presented, and which bastion (`address:port`) it belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JumpKey {
+    pub endpoint: String,
+    pub fingerprint: String,
+}
+
+impl JumpKey {
+    /// The `address:port` a pin recorded for `target` (a bastion) must name.
+    pub fn endpoint_of(target: &HostTarget) -> String {
+        format!("{}:{}", target.address, target.port)
+    }
 }
 
 /// Why a transport call failed. Every variant names the host.

@@ -12,6 +12,7 @@ use crate::actors::events;
 use crate::actors::status::{
     ProbeStamp, ready_condition_synced, stamp_due, write_status_if_changed,
 };
+use crate::api::host::PinnedHostKey;
 use crate::api::{ExecMode, HostState, SSHHost, SSHHostStatus};
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::ssh::{ProbeReport, Transport};
@@ -261,6 +262,13 @@ pub fn apply_facts(
         // Trust on first use: pin what we saw; the transport enforces the pin from now on.
         s.host_key_fingerprint = Some(report.fingerprint.clone());
     }
+    // The bastion likewise, per bastion endpoint (target.rs hands the pin back).
+    if !jump_key_recorded(s, report) {
+        s.proxy_jump_host_key = report.jump.as_ref().map(|j| PinnedHostKey {
+            endpoint: j.endpoint.clone(),
+            fingerprint: j.fingerprint.clone(),
+        });
+    }
     s.observed_capacity = Some(BTreeMap::from([
         ("cpu".to_string(), Quantity(report.facts.cpu.to_string())),
         (
@@ -293,12 +301,24 @@ fn facts_recorded(s: &SSHHostStatus, report: &ProbeReport, generation: Option<i6
             })
     });
     s.host_key_fingerprint.is_some()
+        && jump_key_recorded(s, report)
         && capacity_same
         && s.observed_arch.as_deref() == Some(report.facts.arch.as_str())
         && s.observed_generation == generation
         && s.last_probe_error.is_none()
         && !matches!(s.state, HostState::Pending | HostState::Unhealthy)
         && ready_condition_synced(s, generation)
+}
+
+/// Whether the status pins the bastion this probe went through (at the same endpoint), or
+/// records none when there was no bastion. A pin for another endpoint is replaced: a different
+/// bastion is a different machine, first used now.
+fn jump_key_recorded(s: &SSHHostStatus, report: &ProbeReport) -> bool {
+    match (&report.jump, &s.proxy_jump_host_key) {
+        (None, None) => true,
+        (Some(j), Some(p)) => p.endpoint == j.endpoint,
+        _ => false,
+    }
 }
 
 /// Whether `text` is exactly `n` in decimal, as `n.to_string()` would write it: digits only,

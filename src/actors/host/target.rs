@@ -5,9 +5,10 @@ use thiserror::Error;
 
 use crate::api::SSHHost;
 use crate::api::host::SecretRef;
+use crate::api::host::{PinnedHostKey, valid_address};
 use crate::k8s::{Cluster, ClusterError};
 use crate::secret::Secret;
-use crate::ssh::{HostKeyPin, HostTarget};
+use crate::ssh::{HostKeyPin, HostTarget, JumpKey};
 
 pub const PRIVATE_KEY: &str = "privateKey";
 pub const KNOWN_HOST: &str = "knownHost";
@@ -23,6 +24,12 @@ pub enum TargetError {
     KeyMissing { namespace: String, name: String },
     #[error("SSHHost {host}: port {port} is out of range")]
     BadPort { host: String, port: i32 },
+    #[error("SSHHost {host}: {field} {address:?} is neither an IP literal nor a DNS name")]
+    BadAddress {
+        host: String,
+        field: &'static str,
+        address: String,
+    },
     #[error(transparent)]
     Api(#[from] ClusterError),
 }
@@ -42,6 +49,11 @@ pub async fn host_target<C: Cluster>(
 ) -> Result<HostTarget, TargetError> {
     let name = host.metadata.name.clone().unwrap_or_default();
     let id = format!("{ns}/{name}");
+    // The CRD refuses such addresses too; an object admitted before that rule is refused here.
+    check_address(&id, "spec.address", &host.spec.address)?;
+    if let Some(jump) = &host.spec.proxy_jump {
+        check_address(&id, "spec.proxyJump.address", &jump.address)?;
+    }
     let (key, known_host) = read_key(cluster, ns, &host.spec.ssh_key_secret_ref).await?;
     let fingerprint = host
         .status
@@ -58,17 +70,38 @@ pub async fn host_target<C: Cluster>(
     };
     if let Some(jump) = &host.spec.proxy_jump {
         let (key, known_host) = read_key(cluster, ns, &jump.ssh_key_secret_ref).await?;
-        target.jump = Some(Box::new(HostTarget {
+        let mut bastion = HostTarget {
             host: format!("{id} (bastion {})", jump.address),
             address: jump.address.clone(),
             port: port(&id, jump.port)?,
             user: jump.user.clone(),
             key,
-            pin: HostKeyPin::from_sources(known_host.as_deref(), None),
+            pin: HostKeyPin::TrustOnFirstUse,
             jump: None,
-        }));
+        };
+        // Like the host's own key: the Secret's knownHost wins, else the key recorded on first
+        // use (for this bastion endpoint), else trust on first use.
+        let endpoint = JumpKey::endpoint_of(&bastion);
+        let recorded = jump_fingerprint(host).filter(|p| p.endpoint == endpoint);
+        bastion.pin = HostKeyPin::from_sources(
+            known_host.as_deref(),
+            recorded.map(|p| p.fingerprint.as_str()),
+        );
+        target.jump = Some(Box::new(bastion));
     }
     Ok(target)
+}
+
+fn check_address(id: &str, field: &'static str, address: &str) -> Result<(), TargetError> {
+    if valid_address(address) {
+        Ok(())
+    } else {
+        Err(TargetError::BadAddress {
+            host: id.to_string(),
+            field,
+            address: address.chars().take(64).collect(),
+        })
+    }
 }
 
 fn port(id: &str, port: i32) -> Result<u16, TargetError> {
@@ -117,6 +150,7 @@ pub struct CachedTarget {
     pub target: std::sync::Arc<HostTarget>,
     generation: Option<i64>,
     fingerprint: Option<String>,
+    jump_fingerprint: Option<PinnedHostKey>,
     built: tokio::time::Instant,
 }
 
@@ -126,6 +160,7 @@ impl CachedTarget {
             target: std::sync::Arc::new(target),
             generation: host.metadata.generation,
             fingerprint: fingerprint(host).map(str::to_string),
+            jump_fingerprint: jump_fingerprint(host).cloned(),
             built: tokio::time::Instant::now(),
         }
     }
@@ -133,6 +168,7 @@ impl CachedTarget {
     pub fn valid_for(&self, host: &SSHHost, max_age: std::time::Duration) -> bool {
         self.generation == host.metadata.generation
             && self.fingerprint.as_deref() == fingerprint(host)
+            && self.jump_fingerprint.as_ref() == jump_fingerprint(host)
             && self.built.elapsed() < max_age
     }
 }
@@ -141,4 +177,10 @@ fn fingerprint(host: &SSHHost) -> Option<&str> {
     host.status
         .as_ref()
         .and_then(|s| s.host_key_fingerprint.as_deref())
+}
+
+fn jump_fingerprint(host: &SSHHost) -> Option<&PinnedHostKey> {
+    host.status
+        .as_ref()
+        .and_then(|s| s.proxy_jump_host_key.as_ref())
 }
