@@ -399,20 +399,22 @@ async fn sshnodeclass_rules() {
         "kubeReserved",
     )
     .await;
-    let gate_pods = json!({"taintKey": "a", "podsReady": {"namespace": "kube-system", "selector": {"matchLabels": {"k": "v"}}}});
-    let gate_cond =
-        json!({"taintKey": "b", "nodeCondition": {"type": "NetworkReady", "status": "True"}});
+    let gate_pods = json!({"taintKey": "a", "removeWhen": {"podsReady": {"namespace": "kube-system", "selector": {"matchLabels": {"k": "v"}}}}});
+    let gate_cond = json!({"taintKey": "b", "removeWhen": {"nodeCondition": {"type": "NetworkReady", "status": "True"}}});
+    // S62: the Go provider v1.1 leaves nodeCondition.status out (it means True).
+    let gate_no_status =
+        json!({"taintKey": "c", "removeWhen": {"nodeCondition": {"type": "NetworkReady"}}});
     accept(
         &classes,
         obj(
             "SSHNodeClass",
             "nc-gates-ok",
             None,
-            class_spec(json!({"startupTaintGates": [gate_pods, gate_cond]})),
+            class_spec(json!({"startupTaintGates": [gate_pods, gate_cond, gate_no_status]})),
         ),
     )
     .await;
-    let both = json!({"taintKey": "a", "podsReady": {"namespace": "x", "selector": {"matchLabels": {"k": "v"}}}, "nodeCondition": {"type": "T", "status": "True"}});
+    let both = json!({"taintKey": "a", "removeWhen": {"podsReady": {"namespace": "x", "selector": {"matchLabels": {"k": "v"}}}, "nodeCondition": {"type": "T", "status": "True"}}});
     reject(
         &classes,
         obj(
@@ -421,10 +423,23 @@ async fn sshnodeclass_rules() {
             None,
             class_spec(json!({"startupTaintGates": [both]})),
         ),
-        "exactly one of podsReady or nodeCondition",
+        "removeWhen needs exactly one of podsReady or nodeCondition",
     )
     .await;
-    let neither = json!({"taintKey": "a"});
+    // The flat shape an earlier kpssh accepted is refused with the field to add.
+    let flat = json!({"taintKey": "a", "nodeCondition": {"type": "T"}});
+    reject(
+        &classes,
+        obj(
+            "SSHNodeClass",
+            "nc-gate-flat",
+            None,
+            class_spec(json!({"startupTaintGates": [flat]})),
+        ),
+        "removeWhen",
+    )
+    .await;
+    let neither = json!({"taintKey": "a", "removeWhen": {}});
     reject(
         &classes,
         obj(
@@ -433,7 +448,7 @@ async fn sshnodeclass_rules() {
             None,
             class_spec(json!({"startupTaintGates": [neither]})),
         ),
-        "exactly one of podsReady or nodeCondition",
+        "removeWhen needs exactly one of podsReady or nodeCondition",
     )
     .await;
     reject(
@@ -447,7 +462,8 @@ async fn sshnodeclass_rules() {
         "taintKey values must be unique",
     )
     .await;
-    let empty_sel = json!({"taintKey": "a", "podsReady": {"namespace": "x", "selector": {}}});
+    let empty_sel =
+        json!({"taintKey": "a", "removeWhen": {"podsReady": {"namespace": "x", "selector": {}}}});
     reject(
         &classes,
         obj(
@@ -459,7 +475,7 @@ async fn sshnodeclass_rules() {
         "selector must not be empty",
     )
     .await;
-    let zero = json!({"taintKey": "a", "podsReady": {"namespace": "x", "selector": {"matchLabels": {"k": "v"}}, "minReady": 0}});
+    let zero = json!({"taintKey": "a", "removeWhen": {"podsReady": {"namespace": "x", "selector": {"matchLabels": {"k": "v"}}, "minReady": 0}}});
     reject(
         &classes,
         obj(

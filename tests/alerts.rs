@@ -67,7 +67,7 @@ tests:
   # Installs fail (the mirror cannot be resolved), joins never run: half of all launches fail.
   - interval: 1m
     input_series:
-      - series: 'kpssh_instance_phase_duration_seconds_count{phase="install",outcome="failure"}'
+      - series: 'kpssh_instance_phase_duration_seconds_count{phase="install",outcome="error"}'
         values: '0+2x60'
       - series: 'kpssh_instance_phase_duration_seconds_count{phase="install",outcome="success"}'
         values: '0+2x60'

@@ -161,8 +161,16 @@ fn sshnodeclass_schema_holds_the_contract() {
     assert!(rules(at(p, "/cluster/properties/endpoint"))[0].contains("https://"));
     let gates = at(p, "/startupTaintGates");
     assert!(rules(gates)[0].contains("exists_one"), "taintKey unique");
-    let gate = at(gates, "/items");
+    let gate = at(gates, "/items/properties/removeWhen");
     assert!(rules(gate)[0].contains("has(self.podsReady) != has(self.nodeCondition)"));
+    assert_eq!(
+        at(gates, "/items/required"),
+        &serde_json::json!(["removeWhen", "taintKey"])
+    );
+    assert_eq!(
+        at(gate, "/properties/nodeCondition/required"),
+        &serde_json::json!(["type"])
+    );
     assert!(
         rules(at(gate, "/properties/podsReady/properties/selector"))[0]
             .contains("size(self.matchLabels) > 0")

@@ -122,6 +122,8 @@ impl Host {
             .arg(self.path("state"))
             .args(self.allow_v1.then_some("--allow-v1"))
             .env("SSH_ORIGINAL_COMMAND", original)
+            // Started by sudo for another user, the shim refuses command-line options.
+            .env_remove("SUDO_UID")
             .env("TMPDIR", self.path("tmp"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -673,13 +673,16 @@ async fn s5_unparsable_probe_output() {
         other => panic!("{other}"),
     }
     assert!(!e.is_transient());
-    // A verified host's shim receives the literal command `probe`.
+    // A verified host's shim receives `<shimCommand> probe` and, on stdin, the Go provider's
+    // probe envelope (S62: the Go provider's shim reads only stdin).
     let rec = keygen(sshd.dir.path(), "recorder", "ed25519", None);
     let seen = sshd.dir.path().join("original-command");
+    let seen_stdin = sshd.dir.path().join("probe-stdin");
     sshd.authorize_with_options(
         &format!(
-            "command=\"printf %s \\\"$SSH_ORIGINAL_COMMAND\\\" > {}; printf 'kpssh-probe=1\\ncpu=3\\nmemory_kib=2048\\narch=aarch64\\nkubelet=active\\n'\"",
-            seen.display()
+            "command=\"printf %s \\\"$SSH_ORIGINAL_COMMAND\\\" > {}; cat > {}; printf 'kpssh-probe=1\\ncpu=3\\nmemory_kib=2048\\narch=aarch64\\nkubelet=active\\n'\"",
+            seen.display(),
+            seen_stdin.display()
         ),
         &rec.public,
     );
@@ -689,7 +692,14 @@ async fn s5_unparsable_probe_output() {
         .probe(&tg, Some("/opt/kpssh/kpssh-shim"))
         .await
         .expect("probe");
-    assert_eq!(std::fs::read_to_string(&seen).expect("recorded"), "probe");
+    assert_eq!(
+        std::fs::read_to_string(&seen).expect("recorded"),
+        "/opt/kpssh/kpssh-shim probe"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&seen_stdin).expect("recorded stdin"),
+        "kpssh-envelope: 1\nphase: probe\n"
+    );
     assert_eq!(
         (
             r.facts.cpu,

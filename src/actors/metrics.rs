@@ -1,4 +1,7 @@
-//! Prometheus metrics. Names kept from the Go provider (DESIGN §1) plus kpssh's own.
+//! Prometheus metrics. Names kept from the Go provider (DESIGN §1) plus kpssh's own. The Go
+//! provider's four series also keep its label values (`outcome` `success` | `error`, zombie
+//! `action` `left` | `parked_foreign` | `leave_failed`) and its histogram buckets
+//! ([`SSH_BUCKETS`]), so that dashboards and alerts written for it keep working.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -129,8 +132,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn seconds_buckets() -> Family<OutcomeLabels, Histogram> {
-    Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.05, 2.0, 14)))
+/// The Go provider's `sshBuckets` (seconds): probes land below a second, joins in seconds,
+/// installs in minutes. Used by the probe and phase duration histograms.
+pub const SSH_BUCKETS: [f64; 11] = [
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// The Go provider's outcome label values.
+pub const OUTCOME_SUCCESS: &str = "success";
+pub const OUTCOME_ERROR: &str = "error";
+
+/// Zombie guard actions (`kpssh_host_zombie_actions_total{action}`), the Go provider's values.
+pub mod zombie {
+    /// A kubelet on an unclaimed host was disconnected (leave ran, its Node deleted).
+    pub const LEFT: &str = "left";
+    /// A kubelet kpssh cannot attribute: the host is parked Unhealthy, untouched.
+    pub const PARKED_FOREIGN: &str = "parked_foreign";
+    /// The forced leave failed.
+    pub const LEAVE_FAILED: &str = "leave_failed";
+}
+
+fn ssh_histogram() -> Histogram {
+    Histogram::new(SSH_BUCKETS)
 }
 
 impl Default for Metrics {
@@ -142,10 +165,9 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let pool_hosts = Family::<PoolLabels, Gauge>::default();
-        let probe_duration = seconds_buckets();
-        let phase_duration = Family::<PhaseLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.5, 2.0, 14))
-        });
+        let probe_duration =
+            Family::<OutcomeLabels, Histogram>::new_with_constructor(ssh_histogram);
+        let phase_duration = Family::<PhaseLabels, Histogram>::new_with_constructor(ssh_histogram);
         let zombie_actions = Family::<ActionLabels, Counter>::default();
         let claims = Counter::default();
         let claim_conflicts = Counter::default();
@@ -227,7 +249,7 @@ impl Metrics {
         );
         registry.register(
             "host_zombie_actions",
-            "Zombie guard actions (leave, foreign, failed)",
+            "Zombie guard actions (left, parked_foreign, leave_failed)",
             zombie_actions.clone(),
         );
         registry.register("claims", "Hosts claimed for NodeClaims", claims.clone());
@@ -271,7 +293,11 @@ impl Metrics {
 
     /// A probe took `seconds` and succeeded or failed (`host_probe_duration_seconds`).
     pub fn probe_observed(&self, success: bool, seconds: f64) {
-        let outcome = if success { "success" } else { "failure" };
+        let outcome = if success {
+            OUTCOME_SUCCESS
+        } else {
+            OUTCOME_ERROR
+        };
         self.probe_outcomes[usize::from(success)]
             .get_or_init(|| {
                 self.probe_duration
@@ -281,6 +307,31 @@ impl Metrics {
                     .clone()
             })
             .observe(seconds);
+    }
+
+    /// A profile phase ran for `seconds` (`instance_phase_duration_seconds`): `error` when the
+    /// script failed or the session did, as the Go provider counts it.
+    pub fn phase_observed(&self, phase: &str, success: bool, seconds: f64) {
+        let outcome = if success {
+            OUTCOME_SUCCESS
+        } else {
+            OUTCOME_ERROR
+        };
+        self.phase_duration
+            .get_or_create(&PhaseLabels {
+                phase: phase.into(),
+                outcome: outcome.into(),
+            })
+            .observe(seconds);
+    }
+
+    /// The zombie guard acted ([`zombie`] values).
+    pub fn zombie_action(&self, action: &str) {
+        self.zombie_actions
+            .get_or_create(&ActionLabels {
+                action: action.into(),
+            })
+            .inc();
     }
 
     /// A fleet-wide limit was waited for.
@@ -491,21 +542,11 @@ mod tests {
             &SimHost::new("10.0.0.2", 2, 1),
         ));
         m.claims.inc();
-        m.zombie_actions
-            .get_or_create(&ActionLabels {
-                action: "leave".into(),
-            })
-            .inc();
-        m.probe_duration
-            .get_or_create(&OutcomeLabels {
-                outcome: "success".into(),
-            })
-            .observe(0.2);
-        let join = PhaseLabels {
-            phase: "join".into(),
-            outcome: "success".into(),
-        };
-        m.phase_duration.get_or_create(&join).observe(3.0);
+        m.zombie_action(zombie::LEFT);
+        m.probe_observed(true, 0.2);
+        m.probe_observed(false, 0.3);
+        m.phase_observed("join", true, 3.0);
+        m.phase_observed("join", false, 700.0);
         let text = m.encode(&view);
         assert!(
             text.contains(r#"kpssh_pool_hosts{state="InUse",class="small"} 1"#),
@@ -520,9 +561,35 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"kpssh_host_zombie_actions_total{action="leave"} 1"#),
+            text.contains(r#"kpssh_host_zombie_actions_total{action="left"} 1"#),
             "{text}"
         );
+        // S62/issue #22: the Go provider's label values and buckets.
+        for want in [
+            r#"kpssh_host_probe_duration_seconds_count{outcome="error"} 1"#,
+            r#"kpssh_instance_phase_duration_seconds_count{phase="join",outcome="error"} 1"#,
+            r#"kpssh_instance_phase_duration_seconds_bucket{le="600.0",phase="join",outcome="success"} 1"#,
+            r#"kpssh_host_probe_duration_seconds_bucket{le="0.25",outcome="success"} 1"#,
+            r#"kpssh_instance_phase_duration_seconds_bucket{le="+Inf",phase="join",outcome="error"} 1"#,
+        ] {
+            assert!(text.contains(want), "{want} in {text}");
+        }
+        let buckets: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("kpssh_host_probe_duration_seconds_bucket{")
+                    && l.contains(r#"outcome="success""#)
+            })
+            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(
+            buckets,
+            [
+                "0.25", "0.5", "1.0", "2.5", "5.0", "10.0", "30.0", "60.0", "120.0", "300.0",
+                "600.0", "+Inf"
+            ]
+        );
+        assert!(!text.contains(r#"outcome="failure""#), "{text}");
         assert!(text.contains("kpssh_claims_total 1"), "{text}");
         assert!(
             text.contains("# TYPE kpssh_host_probe_duration_seconds histogram"),

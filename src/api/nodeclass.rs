@@ -87,13 +87,21 @@ pub struct ClusterEndpoint {
     pub ca_bundle: Option<String>,
 }
 
-/// Removes `taintKey` (a startup taint) from a node once its condition holds.
+/// Removes `taintKey` (a startup taint) from a node once `removeWhen` holds: the Go provider's
+/// v1.1 shape, `taintKey` plus a `removeWhen` union.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.podsReady) != has(self.nodeCondition)").message("a startup taint gate needs exactly one of podsReady or nodeCondition"))]
 pub struct StartupTaintGate {
     #[schemars(length(min = 1, max = 316))]
     pub taint_key: String,
+    pub remove_when: GateCondition,
+}
+
+/// When a gate opens: exactly one member (a strict union; new kinds become new members).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.podsReady) != has(self.nodeCondition)").message("removeWhen needs exactly one of podsReady or nodeCondition"))]
+pub struct GateCondition {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_ready: Option<PodsReadyGate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,13 +120,22 @@ pub struct PodsReadyGate {
     pub min_ready: i32,
 }
 
+/// A node condition; `status` is optional and means `True` when absent (as the Go provider).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct NodeConditionGate {
     #[serde(rename = "type")]
     #[schemars(length(min = 1, max = 316))]
     pub type_: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 32))]
-    pub status: String,
+    pub status: Option<String>,
+}
+
+impl NodeConditionGate {
+    /// The status the condition must have: `status`, or `True` when unset.
+    pub fn status_or_default(&self) -> &str {
+        self.status.as_deref().unwrap_or("True")
+    }
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

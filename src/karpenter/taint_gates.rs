@@ -128,19 +128,19 @@ async fn open_gates<C: Cluster, T: Transport>(
     ctx.cluster.replace(&node).await.map(|_| ())
 }
 
-/// Whether a gate's condition holds for this node.
+/// Whether a gate's `removeWhen` holds for this node. A node condition is judged by the first
+/// condition of its type (as the Go provider); a podsReady gate counts Ready pods of the
+/// selector on this node that are not being deleted.
 pub fn gate_holds(gate: &StartupTaintGate, node: &Node, s: &Inner) -> bool {
-    if let Some(cond) = &gate.node_condition {
+    if let Some(cond) = &gate.remove_when.node_condition {
         return node
             .status
             .as_ref()
             .and_then(|st| st.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == cond.type_ && c.status == cond.status)
-            });
+            .and_then(|cs| cs.iter().find(|c| c.type_ == cond.type_))
+            .is_some_and(|c| c.status == cond.status_or_default());
     }
-    let Some(pods) = &gate.pods_ready else {
+    let Some(pods) = &gate.remove_when.pods_ready else {
         return false;
     };
     let Ok(selector) = Selector::try_from(pods.selector.clone()) else {
@@ -150,6 +150,7 @@ pub fn gate_holds(gate: &StartupTaintGate, node: &Node, s: &Inner) -> bool {
     let ready = s
         .pods_on(name)
         .filter(|p| p.metadata.namespace.as_deref() == Some(pods.namespace.as_str()))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| selector.matches(&p.metadata.labels.clone().unwrap_or_default()))
         .filter(|p| pod_ready(p))
         .count();
@@ -161,4 +162,132 @@ fn pod_ready(p: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, PodCondition, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    /// S62: a gate written for the Go provider v1.1 (`removeWhen`, `status` omitted).
+    fn go_gates(yaml: &str) -> Vec<StartupTaintGate> {
+        serde_yaml::from_str(yaml).expect("the Go provider's v1.1 shape parses")
+    }
+
+    fn node(conditions: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n".into()),
+                ..Default::default()
+            },
+            status: Some(NodeStatus {
+                conditions: Some(
+                    conditions
+                        .iter()
+                        .map(|(t, s)| NodeCondition {
+                            type_: (*t).into(),
+                            status: (*s).into(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn agent(name: &str, ready: bool, deleting: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("kube-system".into()),
+                labels: Some([("app".to_string(), "agent".to_string())].into()),
+                deletion_timestamp: deleting.then_some(Time(jiff::Timestamp::UNIX_EPOCH)),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("n".into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn s62_node_condition_without_status_means_true() {
+        let gates = go_gates(
+            "- taintKey: example.com/net\n  removeWhen:\n    nodeCondition:\n      type: NetworkReady\n",
+        );
+        let s = Inner::default();
+        assert!(gate_holds(
+            &gates[0],
+            &node(&[("NetworkReady", "True")]),
+            &s
+        ));
+        assert!(!gate_holds(
+            &gates[0],
+            &node(&[("NetworkReady", "False")]),
+            &s
+        ));
+        assert!(!gate_holds(&gates[0], &node(&[]), &s));
+        let explicit = go_gates(
+            "- taintKey: k\n  removeWhen:\n    nodeCondition: {type: NetworkUnavailable, status: \"False\"}\n",
+        );
+        assert!(gate_holds(
+            &explicit[0],
+            &node(&[("NetworkUnavailable", "False")]),
+            &s
+        ));
+        // The first condition of the type decides, as the Go provider's loop.
+        assert!(!gate_holds(
+            &explicit[0],
+            &node(&[
+                ("NetworkUnavailable", "True"),
+                ("NetworkUnavailable", "False")
+            ]),
+            &s
+        ));
+    }
+
+    #[test]
+    fn s62_pods_ready_counts_ready_pods_not_being_deleted() {
+        let gates = go_gates(
+            "- taintKey: k\n  removeWhen:\n    podsReady:\n      namespace: kube-system\n      selector: {matchLabels: {app: agent}}\n      minReady: 2\n",
+        );
+        let mut s = Inner::default();
+        for p in [
+            agent("a", true, false),
+            agent("b", true, true),
+            agent("c", false, false),
+        ] {
+            let key = (
+                "kube-system".to_string(),
+                p.metadata.name.clone().unwrap_or_default(),
+            );
+            s.pods.insert(key, p);
+        }
+        assert!(
+            !gate_holds(&gates[0], &node(&[]), &s),
+            "one Ready pod is being deleted"
+        );
+        let p = agent("d", true, false);
+        s.pods.insert(("kube-system".into(), "d".into()), p);
+        assert!(gate_holds(&gates[0], &node(&[]), &s));
+        let one: Vec<StartupTaintGate> = go_gates(
+            "- taintKey: k\n  removeWhen:\n    podsReady: {namespace: kube-system, selector: {matchLabels: {app: agent}}}\n",
+        );
+        assert_eq!(
+            one[0].remove_when.pods_ready.as_ref().map(|p| p.min_ready),
+            Some(1)
+        );
+    }
 }

@@ -34,7 +34,7 @@ use tracing::debug;
 use crate::ssh::capped::Capped;
 use crate::ssh::known_host::{PinCheck, fingerprint};
 use crate::ssh::pool::{Origin, Pool, PoolConfig, Pooled};
-use crate::ssh::probe::{self, PROBE_SCRIPT, ProbeError, VERIFIED_PROBE_COMMAND};
+use crate::ssh::probe::{self, PROBE_SCRIPT, ProbeError, VERIFIED_PROBE_ENVELOPE};
 use crate::ssh::transport::{
     CommandOutput, HostTarget, JumpKey, ProbeReport, RemoteCommand, Transport, TransportError,
 };
@@ -741,7 +741,11 @@ impl Transport for RusshTransport {
         let cmd = match verified_shim {
             None => RemoteCommand::new("sh -s", self.config.probe_timeout)
                 .with_stdin(PROBE_SCRIPT.as_bytes()),
-            Some(_) => RemoteCommand::verbatim(VERIFIED_PROBE_COMMAND, self.config.probe_timeout),
+            Some(shim) => RemoteCommand::verbatim(
+                probe::verified_probe_command(shim),
+                self.config.probe_timeout,
+            )
+            .with_stdin(VERIFIED_PROBE_ENVELOPE.as_bytes()),
         };
         let (out, fingerprint, jump) = self.exec_with_fingerprint(target, cmd).await?;
         let probe_err = |source| TransportError::Probe {

@@ -4,6 +4,12 @@
 //! first line `kpssh-probe=1`, then `cpu=<nproc>`, `memory_kib=<MemTotal kB>`,
 //! `arch=<uname -m>`, `kubelet=<systemctl is-active kubelet | unknown>`. Unknown keys are
 //! ignored; missing, unparsable or zero cpu/memory is an error, never a host with zero capacity.
+//!
+//! The Go provider's shim answers its own probe (an envelope with `phase: probe` on stdin) with
+//! four bare lines: nproc, MemTotal kB, `uname -m` and the kubelet unit state (absent without
+//! systemctl). A Verified probe sends `<shimCommand> probe` *and* that envelope, so kpssh's shim
+//! (which reads the command) and the Go provider's (which reads stdin) both answer; the parser
+//! takes either format, strictly.
 
 /// The fixed POSIX-sh probe run on Raw hosts (fed to `sh -s` on stdin).
 pub const PROBE_SCRIPT: &str = r#"echo kpssh-probe=1
@@ -22,8 +28,15 @@ else
 fi
 "#;
 
-/// The command sent to a Verified host's shim.
-pub const VERIFIED_PROBE_COMMAND: &str = "probe";
+/// The stdin of a Verified probe: the Go provider's probe envelope, byte for byte what its
+/// controller sends (kpssh's shim, given the `probe` command, does not read it).
+pub const VERIFIED_PROBE_ENVELOPE: &str = "kpssh-envelope: 1\nphase: probe\n";
+
+/// The command of a Verified probe: `<shimCommand> probe`. Under `ForceCommand` the shim reads it
+/// from `SSH_ORIGINAL_COMMAND`; a host that runs the command itself starts the shim.
+pub fn verified_probe_command(shim_command: &str) -> String {
+    format!("{shim_command} probe")
+}
 
 /// Longest excerpt of bad probe output kept in an error.
 pub const EXCERPT_MAX: usize = 256;
@@ -80,7 +93,7 @@ pub fn excerpt(bytes: &[u8]) -> String {
     out
 }
 
-/// Parse probe stdout.
+/// Parse probe stdout: kpssh's `key=value` format, or the Go provider's four lines.
 pub fn parse_probe_output(stdout: &[u8]) -> Result<ProbeFacts, ProbeError> {
     let bad = |reason: &str| ProbeError::Unparsable {
         reason: reason.to_string(),
@@ -88,8 +101,12 @@ pub fn parse_probe_output(stdout: &[u8]) -> Result<ProbeFacts, ProbeError> {
     };
     let text = std::str::from_utf8(stdout).map_err(|_| bad("not UTF-8"))?;
     let mut lines = text.lines().map(|l| l.trim_end_matches('\r'));
-    if lines.next().map(str::trim) != Some("kpssh-probe=1") {
-        return Err(bad("first line is not kpssh-probe=1"));
+    match lines.next().map(str::trim) {
+        Some("kpssh-probe=1") => {}
+        Some(first) if first.bytes().all(|b| b.is_ascii_digit()) && !first.is_empty() => {
+            return parse_go_lines(text).map_err(&bad);
+        }
+        _ => return Err(bad("first line is not kpssh-probe=1")),
     }
     let (mut cpu, mut memory, mut arch, mut kubelet) = (None, None, None, None);
     for line in lines {
@@ -105,21 +122,51 @@ pub fn parse_probe_output(stdout: &[u8]) -> Result<ProbeFacts, ProbeError> {
             _ => {}
         }
     }
+    facts(cpu, memory, arch, kubelet).map_err(bad)
+}
+
+/// The Go provider's probe output: exactly three or four non-empty lines, each one token.
+fn parse_go_lines(text: &str) -> Result<ProbeFacts, &'static str> {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if !(3..=4).contains(&lines.len()) {
+        return Err("not 3 or 4 lines (nproc, MemTotal kB, uname -m, kubelet state)");
+    }
+    if lines.iter().any(|l| l.contains(char::is_whitespace)) {
+        return Err("a line holds more than one word");
+    }
+    facts(
+        Some(lines[0]),
+        Some(lines[1]),
+        Some(lines[2]),
+        lines.get(3).copied(),
+    )
+}
+
+fn facts(
+    cpu: Option<&str>,
+    memory: Option<&str>,
+    arch: Option<&str>,
+    kubelet: Option<&str>,
+) -> Result<ProbeFacts, &'static str> {
     let cpu = match cpu.map(str::parse::<u32>) {
-        None => return Err(bad("cpu missing")),
-        Some(Err(_)) => return Err(bad("cpu is not a number")),
-        Some(Ok(0)) => return Err(bad("cpu is zero")),
+        None => return Err("cpu missing"),
+        Some(Err(_)) => return Err("cpu is not a number"),
+        Some(Ok(0)) => return Err("cpu is zero"),
         Some(Ok(n)) => n,
     };
     let memory_kib = match memory.map(str::parse::<u64>) {
-        None => return Err(bad("memory_kib missing")),
-        Some(Err(_)) => return Err(bad("memory_kib is not a number")),
-        Some(Ok(0)) => return Err(bad("memory_kib is zero")),
+        None => return Err("memory_kib missing"),
+        Some(Err(_)) => return Err("memory_kib is not a number"),
+        Some(Ok(0)) => return Err("memory_kib is zero"),
         Some(Ok(n)) => n,
     };
     let arch = match arch {
         Some(a) if !a.is_empty() => normalize_arch(a),
-        _ => return Err(bad("arch missing")),
+        _ => return Err("arch missing"),
     };
     Ok(ProbeFacts {
         cpu,
@@ -157,6 +204,46 @@ mod tests {
         assert_eq!(f.arch, "arm64");
         assert!(f.kubelet_active);
         assert_eq!(f.cpu, 2);
+    }
+
+    #[test]
+    fn s62_the_go_shims_four_lines_parse() {
+        let f = parse_probe_output(b"4\n16318412\nx86_64\nactive\n").expect("go format");
+        assert_eq!(
+            f,
+            ProbeFacts {
+                cpu: 4,
+                memory_kib: 16318412,
+                arch: "amd64".into(),
+                kubelet_active: true
+            }
+        );
+        // Without systemctl the Go shim prints no fourth line.
+        let f = parse_probe_output(b"2\n1024\naarch64\n").expect("three lines");
+        assert!(!f.kubelet_active);
+        assert_eq!(f.arch, "arm64");
+        for bad in [
+            "4\n",
+            "4\n1024\n",
+            "4\n1024\nx86_64\ninactive\nextra\n",
+            "0\n1024\nx86_64\n",
+            "4\n0\nx86_64\n",
+            "4\nlots\nx86_64\n",
+            "4\n1024\nx86 64\n",
+            "4 1024 x86_64\n",
+        ] {
+            let err = parse_probe_output(bad.as_bytes()).expect_err(bad);
+            assert!(matches!(err, ProbeError::Unparsable { .. }), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn s62_the_verified_probe_speaks_both_shims() {
+        assert_eq!(VERIFIED_PROBE_ENVELOPE, "kpssh-envelope: 1\nphase: probe\n");
+        assert_eq!(
+            verified_probe_command("/opt/kpssh/kpssh-shim"),
+            "/opt/kpssh/kpssh-shim probe"
+        );
     }
 
     #[test]

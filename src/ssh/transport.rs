@@ -268,9 +268,10 @@ impl TransportError {
 /// opening any session, may keep connections alive between calls, and bound every call in time.
 pub trait Transport: Send + Sync + 'static {
     /// Verify the host key and read the host's facts. Raw hosts (`verified_shim == None`) run the
-    /// fixed probe script ([`crate::ssh::probe::PROBE_SCRIPT`]); Verified hosts get the literal
-    /// command `probe`, answered by the host-side shim (`verified_shim` is the shim command from
-    /// the spec, which `ForceCommand` runs) with the same output.
+    /// fixed probe script ([`crate::ssh::probe::PROBE_SCRIPT`]); Verified hosts get
+    /// `<verified_shim> probe` with the Go provider's probe envelope on stdin
+    /// ([`crate::ssh::probe::VERIFIED_PROBE_ENVELOPE`]), answered by kpssh's shim or the Go
+    /// provider's (`verified_shim` is the shim command from the spec, which `ForceCommand` runs).
     fn probe(
         &self,
         target: &HostTarget,

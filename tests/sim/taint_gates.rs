@@ -1,7 +1,7 @@
 //! Startup taint gates: S34.
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
-use kpssh::api::nodeclass::{NodeConditionGate, StartupTaintGate};
+use kpssh::api::nodeclass::{GateCondition, NodeConditionGate, StartupTaintGate};
 use kpssh::api::{HostState, SSHNodeClass};
 use kpssh::k8s::Cluster;
 use kpssh::sim::SimHost;
@@ -39,11 +39,13 @@ async fn s34_gate_removes_only_declared_startup_taints_when_its_condition_holds(
         .expect("class");
     class.spec.startup_taint_gates = Some(vec![StartupTaintGate {
         taint_key: "example.com/network-not-ready".into(),
-        pods_ready: None,
-        node_condition: Some(NodeConditionGate {
-            type_: "NetworkReady".into(),
-            status: "True".into(),
-        }),
+        remove_when: GateCondition {
+            pods_ready: None,
+            node_condition: Some(NodeConditionGate {
+                type_: "NetworkReady".into(),
+                status: None,
+            }),
+        },
     }]);
     w.cluster.replace(&class).await.expect("gates");
     w.add_host("h", "small", SimHost::new("10.50.0.1", 2, 4_000_000))

@@ -103,7 +103,7 @@ impl TestHost {
                 std::fs::write(root.join("etc/kpssh/allowed_signers"), allowed_signers)
                     .expect("allowed_signers");
                 format!(
-                    "'{shim}' --allowed-signers '{root}/etc/kpssh/allowed_signers' --state-dir '{root}/var/lib/kpssh/shim'",
+                    "'{shim}' --no-sudo --allowed-signers '{root}/etc/kpssh/allowed_signers' --state-dir '{root}/var/lib/kpssh/shim'",
                     shim = Path::new(env!("CARGO_MANIFEST_DIR"))
                         .join("shim/kpssh-shim")
                         .display(),

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::HostActorState;
-use crate::actors::metrics::{InFlight, PhaseLabels};
+use crate::actors::metrics::InFlight;
 
 /// Bytes of a failed script's output kept (after redaction) in a failure message: its end,
 /// where the cause is (S64). Events and status stay well under Kubernetes' size limits.
@@ -221,13 +221,11 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
             s.record("exit_code", i64::from(o.exit_status));
         }
     }
-    metrics
-        .phase_duration
-        .get_or_create(&PhaseLabels {
-            phase: phase.as_str().into(),
-            outcome: outcome.into(),
-        })
-        .observe(started.elapsed().as_secs_f64());
+    metrics.phase_observed(
+        phase.as_str(),
+        outcome == "success",
+        started.elapsed().as_secs_f64(),
+    );
     let out = result.map_err(|e| PhaseFailure {
         message: redactor.redact(&e.to_string()),
         touched_host: e.touched_host(),

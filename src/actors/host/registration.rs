@@ -418,14 +418,12 @@ fn zombie_action<C: Cluster, T: Transport>(state: &HostActorState<C, T>, action:
         _ => "parked",
     };
     span.record("outcome", outcome);
-    state
-        .ctx
-        .metrics
-        .zombie_actions
-        .get_or_create(&crate::actors::metrics::ActionLabels {
-            action: action.into(),
-        })
-        .inc();
+    use crate::actors::metrics::zombie;
+    state.ctx.metrics.zombie_action(match action {
+        "leave" => zombie::LEFT,
+        "foreign" => zombie::PARKED_FOREIGN,
+        _ => zombie::LEAVE_FAILED,
+    });
 }
 
 /// Run the marker profile's leave on this host.

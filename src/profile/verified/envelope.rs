@@ -641,7 +641,13 @@ impl Envelope {
         } else {
             Binding::V1
         };
-        let params_raw = decode_b64("params-b64", lines.next("params-b64")?, true)?;
+        // The Go provider's controller leaves params-b64 out of a v1 envelope without
+        // parameters; kpssh always writes it.
+        let params_b64 = match binding {
+            Binding::V1 => lines.optional("params-b64")?.unwrap_or("-"),
+            Binding::V2 { .. } => lines.next("params-b64")?,
+        };
+        let params_raw = decode_b64("params-b64", params_b64, true)?;
         let sig_raw = decode_b64("sig-b64", lines.next("sig-b64")?, true)?;
         let script = decode_b64("script-b64", lines.next("script-b64")?, false)?;
         if lines.lines.next().is_some() {
@@ -715,6 +721,19 @@ mod tests {
             )
         );
         assert_eq!(Envelope::parse(&wire).expect("parse"), env);
+    }
+
+    /// S62: the Go provider's controller writes no params-b64 line when there are no
+    /// parameters (and never a timeout); such a v1 envelope parses, a v2 one does not.
+    #[test]
+    fn s62_go_v1_envelope_without_params_parses() {
+        let go = "kpssh-envelope: 1\nphase: leave\nsig-b64: U0lH\nscript-b64: eA==\n";
+        let env = Envelope::parse(go.as_bytes()).expect("Go v1 envelope");
+        assert!(env.params.is_empty());
+        assert_eq!(env.script, b"x");
+        assert_eq!(env.signature, "SIG");
+        let v2 = "kpssh-envelope: 2\nphase: leave\nprofile: p@1\nexpires: 2030-01-02T03:04:05Z\nsig-b64: U0lH\nscript-b64: eA==\n";
+        assert!(Envelope::parse(v2.as_bytes()).is_err());
     }
 
     #[test]
