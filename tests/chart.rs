@@ -159,7 +159,7 @@ fn defaults_render_a_hardened_elected_controller() {
             names.push(name);
         }
     }
-    assert_eq!(names.len(), 13, "{names:?}");
+    assert_eq!(names.len(), 14, "{names:?}");
     let value = |name: &str| {
         env.iter()
             .find(|e| e["name"] == name)
@@ -186,14 +186,23 @@ fn defaults_render_a_hardened_elected_controller() {
         pool["value"], "kpssh-system",
         "defaults to the release namespace"
     );
-    assert_eq!(
-        c["ports"][0]["containerPort"].as_i64(),
+    let port_of = |var: &str| {
         env.iter()
-            .find(|e| e["name"] == "KPSSH_METRICS_ADDR")
+            .find(|e| e["name"] == var)
             .and_then(|e| e["value"].as_str())
             .and_then(|a| a.rsplit(':').next())
-            .and_then(|p| p.parse().ok()),
+            .and_then(|p| p.parse::<i64>().ok())
+    };
+    assert_eq!(
+        c["ports"][0]["containerPort"].as_i64(),
+        port_of("KPSSH_METRICS_ADDR")
     );
+    // The kubelet probes /healthz and /readyz on their own port, 8081 as the Go provider's.
+    assert_eq!(c["ports"][1]["name"], "http-probes");
+    assert_eq!(c["ports"][1]["containerPort"].as_i64(), Some(8081));
+    assert_eq!(port_of("KPSSH_HEALTH_ADDR"), Some(8081));
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], "http-probes");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "http-probes");
 }
 
 #[test]

@@ -178,22 +178,46 @@ pub struct NodeClaimTemplate {
     pub spec: NodeClaimTemplateSpec,
 }
 
+// Labels and annotations of a NodePool's template. Absent and empty (`{}`) are kept apart:
+// Karpenter core's NodePool hash tells a nil map from an empty one, and so must kpssh's, or a
+// NodeClaim core stamped would look drifted (crate::karpenter::nodepool_hash). (Not a doc
+// comment: it would become the CRD's description.)
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct TemplateMetadata {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
+    // The schema is core's (not nullable); only the Rust side keeps absent apart from empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "BTreeMap<String, String>")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "BTreeMap<String, String>")]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+static NO_STRINGS: BTreeMap<String, String> = BTreeMap::new();
+
+impl TemplateMetadata {
+    /// The template's labels (none when absent).
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        self.labels.as_ref().unwrap_or(&NO_STRINGS)
+    }
+
+    /// The template's annotations (none when absent).
+    pub fn annotations(&self) -> &BTreeMap<String, String> {
+        self.annotations.as_ref().unwrap_or(&NO_STRINGS)
+    }
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct NodeClaimTemplateSpec {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub taints: Vec<Taint>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub startup_taints: Vec<Taint>,
+    // Absent and `[]` differ in core's hash, as for TemplateMetadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Vec<Taint>")]
+    pub taints: Option<Vec<Taint>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Vec<Taint>")]
+    pub startup_taints: Option<Vec<Taint>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requirements: Vec<NodeSelectorRequirement>,
     pub node_class_ref: NodeClassRef,
@@ -208,6 +232,18 @@ pub struct NodeClaimTemplateSpec {
     #[serde(flatten)]
     #[schemars(skip)]
     pub extra: BTreeMap<String, Value>,
+}
+
+impl NodeClaimTemplateSpec {
+    /// The template's taints (none when absent).
+    pub fn taints(&self) -> &[Taint] {
+        self.taints.as_deref().unwrap_or_default()
+    }
+
+    /// The template's startup taints (none when absent).
+    pub fn startup_taints(&self) -> &[Taint] {
+        self.startup_taints.as_deref().unwrap_or_default()
+    }
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
