@@ -409,22 +409,25 @@ async fn orphan_node_is_deleted_after_a_controller_restart(
     assert!(in_use, "host o: {:?}", pool.get("o").await.status);
 
     // The release's leave fails: the kubelet may still run, so the Node stays, recorded.
+    // (The karpenter layer, not running here, would mark the claim drained first.)
     o.fail_leave(true);
+    let claims: Api<NodeClaim> = Api::all(pool.client.clone());
+    let drained = json!({"metadata": {"annotations": {kpssh::karpenter::DRAINED_ANNOTATION: "true"}}});
+    claims
+        .patch(CLAIM, &PatchParams::default(), &Patch::Merge(&drained))
+        .await
+        .expect("mark drained");
     pool.c
         .delete::<NodeClaim>(None, CLAIM, None)
         .await
         .expect("delete claim");
-    let recorded = Some(OrphanNode {
-        name: CLAIM.into(),
-        provider_id: Some(provider_id.clone()),
-    });
     let released = until(Duration::from_secs(60), || async {
         let h = pool.get("o").await;
-        h.claim().is_none() && h.status.as_ref().and_then(|s| s.orphan_node.clone()) == recorded
+        h.claim().is_none() && h.state() == HostState::Unhealthy
     })
     .await;
-    assert!(released, "orphan recorded: {:?}", pool.get("o").await.status);
-    assert_eq!(pool.get("o").await.state(), HostState::Unhealthy, "S24");
+    assert!(released, "S24: released Unhealthy: {:?}", pool.get("o").await.status);
+    let recorded = (pool.get("o").await.status).and_then(|s| s.orphan_node);
     pool.node_untouched(CLAIM)
         .await
         .expect("the Node stays while its kubelet may run");
@@ -440,6 +443,14 @@ async fn orphan_node_is_deleted_after_a_controller_restart(
         gone,
         "#23: the orphan Node must be deleted after a restart: {:?}",
         pool.nodes().get_opt(CLAIM).await.ok().flatten().map(|n| n.metadata)
+    );
+    assert_eq!(
+        recorded,
+        Some(OrphanNode {
+            name: CLAIM.into(),
+            provider_id: Some(provider_id.clone()),
+        }),
+        "the Node was recorded in status.orphanNode by the failed release"
     );
     let cleared = until(Duration::from_secs(30), || async {
         let h = pool.get("o").await;
