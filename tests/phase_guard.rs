@@ -6,7 +6,8 @@
 //!   controller's `signal` request for root sessions, and the shim does not notice its channel
 //!   closing). The shim holds the host's phase lock while a phase runs.
 //! - Raw: the preamble takes the host's phase lock; a timed-out phase is killed through the
-//!   transport's run marker, after which the next phase runs.
+//!   transport's run marker, after which the next phase runs. The script is read whole
+//!   before it runs, so a command reading stdin cannot swallow the rest of it.
 
 #[path = "support/sshd.rs"]
 mod sshd;
@@ -432,4 +433,49 @@ async fn only_the_shim_and_its_watchdog_hold_the_phase_lock() {
         .filter(|(_, comm)| comm == "sleep")
         .collect();
     assert!(left.is_empty(), "sleeps left holding the lock: {left:?}");
+}
+
+/// #23: Raw mode under `bash -s` on a real host. A command of the script that reads stdin
+/// (`cat`, `read`, `head`, an installer asking a question) gets end-of-file and cannot swallow
+/// the rest of the script: every line runs, in order, and the phase's exit status is the
+/// script's (before, `cat` ate the lines after it and the phase "succeeded" half-run).
+#[tokio::test]
+async fn raw_script_reading_stdin_runs_whole() {
+    let sshd = Sshd::start();
+    let key = keygen(sshd.dir.path(), "client", "ed25519", None);
+    sshd.authorize(&key.public);
+    let t = transport();
+    let tg = target(&sshd, &key);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let lock = PhaseLock {
+        path: dir.path().join("phase.lock").to_string_lossy().into_owned(),
+        wait_secs: 5,
+    };
+    let script = format!(
+        "echo one >> '{log}'\n\
+         seen=$(cat)\n\
+         echo \"two [$seen]\" >> '{log}'\n\
+         read -r line || line=eof\n\
+         echo \"three [$line]\" >> '{log}'\n\
+         head -c 16 >/dev/null\n\
+         echo four >> '{log}'\n\
+         exit 5\n",
+        log = log.display()
+    );
+    let plan = build_raw_plan(&Env::new(), script.as_bytes(), "root", &lock).expect("plan");
+    let out = t
+        .exec(
+            &tg,
+            RemoteCommand::new(plan.command, Duration::from_secs(20)).with_stdin(plan.stdin),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        "one\ntwo []\nthree [eof]\nfour\n",
+        "the whole script ran, its stdin empty: {}",
+        stderr(&out)
+    );
+    assert_eq!(out.exit_status, 5, "the script's own exit status");
 }
