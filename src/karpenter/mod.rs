@@ -9,6 +9,8 @@ pub mod budgets;
 pub mod disruption;
 pub mod lifecycle;
 pub mod nodepool_hash;
+pub mod nodepool_status;
+pub mod nodepool_validation;
 pub mod pods;
 pub mod provisioning;
 pub mod quantity;
@@ -150,6 +152,11 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
         config.clone(),
     ));
     tasks.push(termination::spawn(
+        ctx.clone(),
+        state.clone(),
+        config.clone(),
+    ));
+    tasks.push(nodepool_status::spawn(
         ctx.clone(),
         state.clone(),
         config.clone(),
