@@ -229,6 +229,10 @@ fn unknown_fields(value: &Value, schema: &Value, path: &str, out: &mut Vec<Strin
     match value {
         Value::Object(map) => {
             for (k, v) in map {
+                // `metadata` is `type: object` without properties: the API server's own.
+                if path.is_empty() && k == "metadata" {
+                    continue;
+                }
                 let sub = schema
                     .pointer(&format!(
                         "/properties/{}",
@@ -237,8 +241,6 @@ fn unknown_fields(value: &Value, schema: &Value, path: &str, out: &mut Vec<Strin
                     .or_else(|| schema.get("additionalProperties"));
                 match sub {
                     Some(sub) => unknown_fields(v, sub, &format!("{path}.{k}"), out),
-                    // `metadata` is `type: object` without properties: the API server's own.
-                    None if path.is_empty() && k == "metadata" => {}
                     None => out.push(format!("{path}.{k}")),
                 }
             }
