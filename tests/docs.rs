@@ -73,10 +73,11 @@ fn blocks(text: &str) -> Vec<Block> {
                     })
                 }
             }
-        } else if let Some(b) = current.as_mut() {
-            if !t.is_empty() && !t.starts_with('#') {
-                b.commands.push(t.to_string());
-            }
+        } else if let Some(b) = current.as_mut()
+            && !t.is_empty()
+            && !t.starts_with('#')
+        {
+            b.commands.push(t.to_string());
         }
         if !t.is_empty() {
             previous = t;
