@@ -142,13 +142,17 @@ pub fn spawn<C: Cluster, T: Transport>(
             ctx,
             state,
             classes: BTreeMap::new(),
+            synced: false,
             seen: BTreeMap::new(),
         };
         let mut watch = ctl.ctx.cluster.watch::<SSHNodeClass>(None);
         let mut tick = tokio::time::interval(cfg.reconcile_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Biased: the same inputs in the same order give the same writes (the simulation's
+            // traces are reproducible).
             tokio::select! {
+                biased;
                 ev = watch.next() => match ev {
                     Some(Ok(ev)) => ctl.class_event(ev),
                     Some(Err(e)) => tracing::debug!(error = %e, "SSHNodeClass watch error"),
@@ -158,6 +162,10 @@ pub fn spawn<C: Cluster, T: Transport>(
                     }
                 },
                 _ = tick.tick() => {}
+            }
+            // Before the first list of node classes every class would look missing.
+            if !ctl.synced {
+                continue;
             }
             if let Err(e) = ctl.reconcile().await {
                 tracing::debug!(error = %e, "NodePool status not written; will retry");
@@ -170,6 +178,8 @@ struct Controller<C: Cluster, T: Transport> {
     ctx: Context<C, T>,
     state: ClusterState,
     classes: BTreeMap<String, SSHNodeClass>,
+    /// The class watch delivered its first full list.
+    synced: bool,
     /// Per NodePool, the resourceVersions (pool, class) its status was last computed from.
     seen: BTreeMap<String, (Option<String>, Option<String>)>,
 }
@@ -180,6 +190,7 @@ impl<C: Cluster, T: Transport> Controller<C, T> {
         match ev {
             WatchEvent::Restarted(all) => {
                 self.classes = all.into_iter().map(|c| (name(&c), c)).collect();
+                self.synced = true;
             }
             WatchEvent::Applied(c) => {
                 self.classes.insert(name(&c), c);

@@ -175,6 +175,13 @@ async fn pool_conditions(e: &Env, name: &str) -> BTreeMap<String, (String, Strin
         .collect()
 }
 
+async fn pool_ready(e: &Env, name: &str) -> bool {
+    pool_conditions(e, name)
+        .await
+        .get("Ready")
+        .is_some_and(|c| c.0 == "True")
+}
+
 /// A NodePool with an unknown requirement operator, and one whose node class does not exist:
 /// neither launches; each says why in its conditions (ValidationSucceeded / NodeClassReady,
 /// and Ready=False naming them), with a Warning event on the NodePool, and the pending pod's
@@ -290,4 +297,38 @@ async fn s64_an_invalid_nodepool_or_a_missing_class_says_why_in_its_conditions()
         e.w.until(3 * MINUTE, || async { running(&e).await == 1 })
             .await;
     assert!(ok, "the pod runs");
+}
+
+/// A restarted controller (the karpenter layer started again, as after a crash) never calls an
+/// existing node class missing while its first list of classes is on the way: the NodePool
+/// stays Ready, without a `NodeClassNotFound` condition or event in between.
+#[tokio::test(start_paused = true)]
+async fn s64_a_restarted_controller_does_not_call_an_existing_class_missing() {
+    let mut e = env().await;
+    hosts(&e, "h", "small", 1, 2, 4, 53).await;
+    e.w.cluster
+        .create(&nodepool("default"))
+        .await
+        .expect("nodepool");
+    assert!(
+        e.w.until(MINUTE, || pool_ready(&e, "default")).await,
+        "Ready at first"
+    );
+    for _ in 0..5 {
+        e.k.stop();
+        e.k = kpssh::karpenter::spawn_with(&e.w.ctx, KarpenterConfig::default())
+            .await
+            .expect("karpenter again");
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        assert!(
+            pool_ready(&e, "default").await,
+            "{:?}",
+            pool_conditions(&e, "default").await
+        );
+    }
+    assert!(
+        !reasons(&e).iter().any(|r| r == "NodeClassNotFound"),
+        "{:?}",
+        reasons(&e)
+    );
 }
