@@ -299,6 +299,11 @@ fn rbac_is_least_privilege() {
         verbs_for("karpenter.sh", "nodepools"),
         set(&["get", "list", "watch"])
     );
+    // NodePool status: the Ready, ValidationSucceeded and NodeClassReady conditions.
+    assert_eq!(
+        verbs_for("karpenter.sh", "nodepools/status"),
+        set(&["get", "update", "patch"])
+    );
     assert_eq!(
         verbs_for("karpenter.sh", "nodeclaims"),
         set(&["get", "list", "watch", "create", "patch", "delete"])
