@@ -1,6 +1,6 @@
 //! Random scenarios (`kpssh sim --random-scenario SEED`, the random campaign): a whole
 //! scenario drawn from one seed — host classes (count, size, arch, latency, failure and hang
-//! rates, bad leaves), node and pod demand of every shape (steady, diurnal, bursts, CSV-like
+//! rates, bad leaves, node identity: Static, Adopt, or Adopt with nodeadm's `mi-*` names), node and pod demand of every shape (steady, diurnal, bursts, CSV-like
 //! series with spikes above supply and to zero), NodePools with any mix of cpu, memory and
 //! nodes limits, consolidateAfter, terminationGracePeriod and expireAfter, PodDisruptionBudgets
 //! and do-not-disrupt pods, node repair on or off, every fault kind (partitions too) at rates
@@ -19,8 +19,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::scenario::{
     Bursts, ControllerLimits, Demand, Diurnal, Faults, HostClass, HostFault, IntOrPercent,
-    LatencySpec, Partition, PhaseLatencies, PhaseProbabilities, Rate, Scenario, SimNodePool,
-    SimPdb, SlowHandshake,
+    LatencySpec, NodeIdentity, Partition, PhaseLatencies, PhaseProbabilities, Rate, Scenario,
+    SimNodePool, SimPdb, SlowHandshake,
 };
 
 /// Separates the generator's stream from the run's, which is seeded with the same number.
@@ -78,6 +78,16 @@ pub fn random_scenario(seed: u64) -> Scenario {
             duration: d.dur(1200, 2700),
         });
         duration = 3600;
+    }
+    // Drawn last, so that adding it left every earlier draw of a seed as it was.
+    let mut classes = classes;
+    for c in &mut classes {
+        c.identity = *d.pick(&[
+            NodeIdentity::Static,
+            NodeIdentity::Static,
+            NodeIdentity::Adopt,
+            NodeIdentity::Nodeadm,
+        ]);
     }
     Scenario {
         name: format!("random-{seed}"),
@@ -169,6 +179,7 @@ impl Draw {
             failure: self.probabilities(0.4, 0.2),
             hang: self.probabilities(0.6, 0.05),
             bad_leave_fraction: self.rate(0.5, 0.05, 0.6),
+            identity: NodeIdentity::Static,
         }
     }
 
@@ -363,6 +374,11 @@ mod tests {
         let all: Vec<Scenario> = (0..300).map(random_scenario).collect();
         let any = |f: &dyn Fn(&Scenario) -> bool| all.iter().any(f);
         assert!(any(&|s| s.classes.iter().any(|c| c.arch == "arm64")));
+        for identity in [NodeIdentity::Adopt, NodeIdentity::Nodeadm] {
+            assert!(any(&|s| s.node_pools.iter().any(|p| {
+                (s.classes.iter()).any(|c| c.name == p.class && c.identity == identity)
+            })));
+        }
         assert!(any(&|s| s.demand.iter().any(|d| d.series.is_some())));
         assert!(any(&|s| s.demand.iter().any(|d| d.diurnal.is_some())));
         assert!(any(&|s| s.demand.iter().any(|d| d.bursts.is_some())));

@@ -100,6 +100,31 @@ pub struct HostClass {
     /// back: a zombie for the guard to catch).
     #[serde(default)]
     pub bad_leave_fraction: f64,
+    /// How the class's Nodes get their identity (its SSHNodeClass `providerIDSource`, and
+    /// the name the simulated kubelet registers under).
+    #[serde(default, skip_serializing_if = "NodeIdentity::is_static")]
+    pub identity: NodeIdentity,
+}
+
+/// A host class's node identity.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum NodeIdentity {
+    /// kpssh sets the provider ID; the kubelet registers under the NodeClaim's name.
+    #[default]
+    Static,
+    /// Adopt mode: the join mechanism sets the provider ID (kpssh adopts it by node IP); the
+    /// kubelet still registers under the NodeClaim's name.
+    Adopt,
+    /// Adopt mode with nodeadm's naming (EKS Hybrid): the kubelet registers under a
+    /// managed-instance name of the machine's own (`mi-…`), the same for every claim of it.
+    Nodeadm,
+}
+
+impl NodeIdentity {
+    pub fn is_static(&self) -> bool {
+        *self == NodeIdentity::Static
+    }
 }
 
 fn default_mem() -> u32 {

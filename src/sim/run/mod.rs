@@ -34,12 +34,13 @@ use self::checks::Checks;
 use self::demand::DemandCurve;
 use self::faults::arrivals;
 use super::host::SimHost;
+use super::kubelet::REGISTER_AS_VAR;
 use super::mirror::Mirror;
-use super::scenario::Scenario;
+use super::scenario::{NodeIdentity, Scenario};
 use super::workload::{self, Workload};
 use super::world::{World, node_class, node_pool, sim_profile};
 use crate::actors::Config;
-use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, SSHHost};
+use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, ProviderIdSource, SSHHost};
 use crate::k8s::memory::WriteKind;
 use crate::k8s::{Cluster, ClusterError, MemoryCluster, WatchEvent, WatchStream};
 use crate::karpenter::KarpenterConfig;
@@ -331,6 +332,15 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
             ..Default::default()
         });
         nc.spec.price_per_cpu_hour = format!("{}", c.price_per_cpu_hour);
+        if c.identity != NodeIdentity::Static {
+            nc.spec.provider_id_source = ProviderIdSource::Adopt;
+        }
+        if c.identity == NodeIdentity::Nodeadm {
+            nc.spec.vars = Some(BTreeMap::from([(
+                REGISTER_AS_VAR.to_string(),
+                "nodeadm".to_string(),
+            )]));
+        }
         cluster.create(&nc).await.map_err(e)?;
     }
     for p in &sc.node_pools {
