@@ -1,4 +1,4 @@
-.PHONY: test run crds
+.PHONY: test run crds image
 
 # Every test tier; installs what the tiers need first.
 test:
@@ -11,3 +11,8 @@ run:
 
 crds:
 	cargo run -q -- crds > charts/kpssh/crds/crds.yaml
+
+# The container image (Containerfile), built offline from scratch around a release build:
+# kpssh/kpssh:<version>, the chart's default image. See scripts/image.sh for its options.
+image:
+	scripts/image.sh

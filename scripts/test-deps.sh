@@ -14,6 +14,11 @@ command -v pkill >/dev/null 2>&1 || need+=(procps)
 command -v ss >/dev/null 2>&1 || need+=(iproute2)
 # promtool checks and unit-tests the chart's alert rules (tests/alerts.rs).
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The image tier (tests/image.rs): buildah builds it offline, podman runs it with runc (crun
+# refuses a hybrid cgroup layout).
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
 
 if ((${#need[@]})); then
   echo "test-deps: installing ${need[*]}" >&2
@@ -24,6 +29,6 @@ fi
 
 # sshd refuses to start without its privilege-separation directory.
 mkdir -p /run/sshd
-for tool in /usr/sbin/sshd ssh-keygen sudo shellcheck openssl promtool go cargo; do
+for tool in /usr/sbin/sshd ssh-keygen sudo shellcheck openssl promtool buildah podman runc go cargo; do
   command -v "$tool" >/dev/null 2>&1 || { echo "test-deps: $tool is still missing" >&2; exit 1; }
 done

@@ -9,6 +9,8 @@ mod apply;
 mod controlplane;
 #[path = "support/helm.rs"]
 mod helm;
+#[path = "chart/network_policy.rs"]
+mod network_policy;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -28,6 +30,8 @@ const ALL_ON: &[&str] = &[
     "serviceMonitor.enabled=true",
     "prometheusRule.enabled=true",
     "networkPolicy.enabled=true",
+    "networkPolicy.sshCIDRs={10.20.0.0/16,192.0.2.7/32}",
+    "networkPolicy.apiServerCIDRs={172.18.0.2/32}",
     "podDisruptionBudget.enabled=true",
     "dashboard.enabled=true",
 ];
@@ -159,7 +163,7 @@ fn defaults_render_a_hardened_elected_controller() {
             names.push(name);
         }
     }
-    assert_eq!(names.len(), 13, "{names:?}");
+    assert_eq!(names.len(), 14, "{names:?}");
     let value = |name: &str| {
         env.iter()
             .find(|e| e["name"] == name)
@@ -186,14 +190,23 @@ fn defaults_render_a_hardened_elected_controller() {
         pool["value"], "kpssh-system",
         "defaults to the release namespace"
     );
-    assert_eq!(
-        c["ports"][0]["containerPort"].as_i64(),
+    let port_of = |var: &str| {
         env.iter()
-            .find(|e| e["name"] == "KPSSH_METRICS_ADDR")
+            .find(|e| e["name"] == var)
             .and_then(|e| e["value"].as_str())
             .and_then(|a| a.rsplit(':').next())
-            .and_then(|p| p.parse().ok()),
+            .and_then(|p| p.parse::<i64>().ok())
+    };
+    assert_eq!(
+        c["ports"][0]["containerPort"].as_i64(),
+        port_of("KPSSH_METRICS_ADDR")
     );
+    // The kubelet probes /healthz and /readyz on their own port, 8081 as the Go provider's.
+    assert_eq!(c["ports"][1]["name"], "http-probes");
+    assert_eq!(c["ports"][1]["containerPort"].as_i64(), Some(8081));
+    assert_eq!(port_of("KPSSH_HEALTH_ADDR"), Some(8081));
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], "http-probes");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "http-probes");
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //!   controller's `signal` request for root sessions, and the shim does not notice its channel
 //!   closing). The shim holds the host's phase lock while a phase runs.
 //! - Raw: the preamble takes the host's phase lock; a timed-out phase is killed through the
-//!   transport's run marker, after which the next phase runs.
+//!   transport's run marker, after which the next phase runs. The script is read whole
+//!   before it runs, so a command reading stdin cannot swallow the rest of it.
 
 #[path = "support/sshd.rs"]
 mod sshd;
@@ -359,4 +360,122 @@ async fn raw_phases_never_overlap_and_a_timed_out_one_frees_the_lock() {
         !text.contains("d-start") && !text.contains("e-end"),
         "{text}"
     );
+}
+
+/// Processes (pid, command name) holding an open file description of `path`.
+fn holders(path: &Path) -> Vec<(u32, String)> {
+    let mut found = vec![];
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == path))
+        {
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            found.push((pid, comm.trim().to_string()));
+        }
+    }
+    found
+}
+
+/// The phase lock is held by the shim and its watchdog shell only, never by the watchdog's
+/// `sleep`: a phase that ended while its watchdog was starting left that `sleep` (and with it
+/// the lock) behind for the whole phase timeout, and the next phase waited half its own timeout
+/// and was refused as busy (S62's sudo test failed that way about one run in five). Checked
+/// while a phase runs, then over back-to-back quick phases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_shim_and_its_watchdog_hold_the_phase_lock() {
+    let host = VerifiedHost::start();
+    let t = std::sync::Arc::new(transport());
+    let tg = target(&host.sshd, &host.client);
+    let lock = host.dir.join("state/phase.lock");
+    let slow = "echo $$ > \"$KPSSH_OUT/slow.pid\"\nsleep 3\n";
+    let cmd = host.command(Phase::Join, slow, Duration::from_secs(60));
+    let run = tokio::spawn({
+        let t = t.clone();
+        let tg = tg.clone();
+        async move { t.exec(&tg, cmd).await }
+    });
+    read_pid(&host.out("slow.pid"));
+    // The watchdog started with the script; give it a moment to be in its sleep.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let held = holders(&lock);
+    assert!(!held.is_empty(), "the running phase holds the lock");
+    assert!(
+        held.iter().all(|(_, comm)| comm != "sleep"),
+        "a sleep holds the phase lock: {held:?}"
+    );
+    let out = run.await.expect("join").expect("exec");
+    assert_eq!(out.exit_status, 0, "{}", stderr(&out));
+
+    for i in 0..25 {
+        let cmd = host.command(Phase::Join, "true\n", Duration::from_secs(20));
+        let started = Instant::now();
+        let out = t
+            .exec(&tg, cmd)
+            .await
+            .unwrap_or_else(|e| panic!("phase {i}: {e}; lock held by {:?}", holders(&lock)));
+        assert_eq!(out.exit_status, 0, "phase {i}: {}", stderr(&out));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "phase {i} waited for the lock: {}",
+            stderr(&out)
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let left: Vec<_> = holders(&lock)
+        .into_iter()
+        .filter(|(_, comm)| comm == "sleep")
+        .collect();
+    assert!(left.is_empty(), "sleeps left holding the lock: {left:?}");
+}
+
+/// #23: Raw mode under `bash -s` on a real host. A command of the script that reads stdin
+/// (`cat`, `read`, `head`, an installer asking a question) gets end-of-file and cannot swallow
+/// the rest of the script: every line runs, in order, and the phase's exit status is the
+/// script's (before, `cat` ate the lines after it and the phase "succeeded" half-run).
+#[tokio::test]
+async fn raw_script_reading_stdin_runs_whole() {
+    let sshd = Sshd::start();
+    let key = keygen(sshd.dir.path(), "client", "ed25519", None);
+    sshd.authorize(&key.public);
+    let t = transport();
+    let tg = target(&sshd, &key);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let lock = PhaseLock {
+        path: dir.path().join("phase.lock").to_string_lossy().into_owned(),
+        wait_secs: 5,
+    };
+    let script = format!(
+        "echo one >> '{log}'\n\
+         seen=$(cat)\n\
+         echo \"two [$seen]\" >> '{log}'\n\
+         read -r line || line=eof\n\
+         echo \"three [$line]\" >> '{log}'\n\
+         head -c 16 >/dev/null\n\
+         echo four >> '{log}'\n\
+         exit 5\n",
+        log = log.display()
+    );
+    let plan = build_raw_plan(&Env::new(), script.as_bytes(), "root", &lock).expect("plan");
+    let out = t
+        .exec(
+            &tg,
+            RemoteCommand::new(plan.command, Duration::from_secs(20)).with_stdin(plan.stdin),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        "one\ntwo []\nthree [eof]\nfour\n",
+        "the whole script ran, its stdin empty: {}",
+        stderr(&out)
+    );
+    assert_eq!(out.exit_status, 5, "the script's own exit status");
 }

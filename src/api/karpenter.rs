@@ -164,21 +164,39 @@ pub struct NodeClaimTemplate {
     pub spec: NodeClaimTemplateSpec,
 }
 
+/// Labels and annotations of a NodePool's template. Absent and empty (`{}`) are kept apart:
+/// Karpenter core's NodePool hash tells a nil map from an empty one, and so must kpssh's, or a
+/// NodeClaim core stamped would look drifted (crate::karpenter::nodepool_hash).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct TemplateMetadata {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+static NO_STRINGS: BTreeMap<String, String> = BTreeMap::new();
+
+impl TemplateMetadata {
+    /// The template's labels (none when absent).
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        self.labels.as_ref().unwrap_or(&NO_STRINGS)
+    }
+
+    /// The template's annotations (none when absent).
+    pub fn annotations(&self) -> &BTreeMap<String, String> {
+        self.annotations.as_ref().unwrap_or(&NO_STRINGS)
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeClaimTemplateSpec {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub taints: Vec<Taint>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub startup_taints: Vec<Taint>,
+    // Absent and `[]` differ in core's hash, as for TemplateMetadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taints: Option<Vec<Taint>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_taints: Option<Vec<Taint>>,
     /// Required by upstream's schema (an empty list is written as `[]`).
     #[serde(default)]
     pub requirements: Vec<NodeSelectorRequirement>,
@@ -191,6 +209,18 @@ pub struct NodeClaimTemplateSpec {
     pub termination_grace_period: Option<String>,
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
+}
+
+impl NodeClaimTemplateSpec {
+    /// The template's taints (none when absent).
+    pub fn taints(&self) -> &[Taint] {
+        self.taints.as_deref().unwrap_or_default()
+    }
+
+    /// The template's startup taints (none when absent).
+    pub fn startup_taints(&self) -> &[Taint] {
+        self.startup_taints.as_deref().unwrap_or_default()
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

@@ -16,9 +16,10 @@ use crate::ssh::{RusshTransport, TransportConfig};
 
 #[derive(Args, Debug)]
 pub struct ControllerArgs {
-    /// Namespace holding every SSHHost and its key Secret.
-    #[arg(long, env = "KPSSH_POOL_NAMESPACE", default_value = crate::api::DEFAULT_POOL_NAMESPACE)]
-    pub pool_namespace: String,
+    /// Namespace holding every SSHHost and its key Secret. Default: `$POOL_NAMESPACE` (the Go
+    /// provider's setting), else kpssh-system.
+    #[arg(long, env = "KPSSH_POOL_NAMESPACE")]
+    pub pool_namespace: Option<String>,
     /// Probe period of an unchanged host (Go duration: 90s, 2m, 1h30m).
     #[arg(long, env = "KPSSH_PROBE_INTERVAL", default_value = "2m", value_parser = parse_duration)]
     pub probe_interval: Duration,
@@ -53,9 +54,14 @@ pub struct ControllerArgs {
     /// Cap on pooled SSH connections (least recently used idle ones are closed first).
     #[arg(long, env = "KPSSH_MAX_SSH_CONNECTIONS", default_value_t = 4096)]
     pub max_ssh_connections: usize,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "KPSSH_METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    pub metrics_addr: String,
+    /// Address of /metrics (and /healthz, /readyz). Default: port `$METRICS_PORT` (the Go
+    /// provider's setting), else 0.0.0.0:8080.
+    #[arg(long, env = "KPSSH_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Address of /healthz and /readyz (and /metrics), for the kubelet's probes. Default: port
+    /// `$HEALTH_PROBE_PORT` (the Go provider's setting), else 0.0.0.0:8081.
+    #[arg(long, env = "KPSSH_HEALTH_ADDR")]
+    pub health_addr: Option<String>,
     /// How long phases in flight may run on after SIGTERM.
     #[arg(long, env = "KPSSH_SHUTDOWN_GRACE", default_value = "60s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
@@ -70,18 +76,73 @@ pub struct ControllerArgs {
     #[arg(long, env = "KPSSH_LEADER_ELECTION_NAMESPACE", default_value = "")]
     pub leader_election_namespace: String,
     /// Name of the leader Lease: controllers naming the same Lease elect one leader among them.
-    #[arg(
-        long,
-        env = "KPSSH_LEADER_ELECTION_ID",
-        default_value = "kpssh-controller"
-    )]
-    pub leader_election_id: String,
+    /// Default: `$LEADER_ELECTION_NAME` (the Go provider's setting), else kpssh-controller.
+    #[arg(long, env = "KPSSH_LEADER_ELECTION_ID")]
+    pub leader_election_id: Option<String>,
     /// Verified hosts: run a phase whose profile has no v2 signature with its v1 signature
     /// (binds neither phase, profile version nor expiry: someone who can edit profiles can
     /// replay any v1-signed script as any phase). Off by default; each such run logs a warning.
     #[arg(long, env = "KPSSH_ALLOW_V1_SIGNATURES", default_value_t = false, action = ArgAction::Set,
           num_args = 0..=1, default_missing_value = "true")]
     pub allow_v1_signatures: bool,
+}
+
+/// The settings the Go provider's chart and image pass by environment, read where kpssh's own
+/// flag or variable is not given: `POOL_NAMESPACE`, `METRICS_PORT`, `HEALTH_PROBE_PORT`,
+/// `LEADER_ELECTION_NAME`, `BATCH_MAX_DURATION`, `BATCH_IDLE_DURATION` (`LOG_LEVEL` is read by
+/// the log setup).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub pool_namespace: String,
+    pub metrics_addr: String,
+    pub health_addr: String,
+    pub leader_election_id: String,
+    pub batch_max: Option<Duration>,
+    pub batch_idle: Option<Duration>,
+}
+
+impl ControllerArgs {
+    /// kpssh's own settings, else the Go provider's names from `env`, else the defaults.
+    pub fn resolve(&self, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Resolved> {
+        let go = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let port = |name: &str, default: u16| -> anyhow::Result<String> {
+            match go(name) {
+                None => Ok(format!("0.0.0.0:{default}")),
+                Some(p) => {
+                    let p: u16 = p.trim().parse().map_err(|_| {
+                        anyhow::anyhow!("{name}={p:?} is not a port number (1-65535)")
+                    })?;
+                    Ok(format!("0.0.0.0:{p}"))
+                }
+            }
+        };
+        let duration = |name: &str| -> anyhow::Result<Option<Duration>> {
+            go(name)
+                .map(|v| parse_duration(v.trim()).map_err(|e| anyhow::anyhow!("{name}: {e}")))
+                .transpose()
+        };
+        Ok(Resolved {
+            pool_namespace: match &self.pool_namespace {
+                Some(ns) => ns.clone(),
+                None => go("POOL_NAMESPACE")
+                    .unwrap_or_else(|| crate::api::DEFAULT_POOL_NAMESPACE.to_string()),
+            },
+            metrics_addr: match &self.metrics_addr {
+                Some(a) => a.clone(),
+                None => port("METRICS_PORT", 8080)?,
+            },
+            health_addr: match &self.health_addr {
+                Some(a) => a.clone(),
+                None => port("HEALTH_PROBE_PORT", 8081)?,
+            },
+            leader_election_id: match &self.leader_election_id {
+                Some(id) => id.clone(),
+                None => go("LEADER_ELECTION_NAME").unwrap_or_else(|| "kpssh-controller".into()),
+            },
+            batch_max: duration("BATCH_MAX_DURATION")?,
+            batch_idle: duration("BATCH_IDLE_DURATION")?,
+        })
+    }
 }
 
 /// Go-style durations as the CRDs use them: `^([0-9]+(s|m|h))+$`.
@@ -132,6 +193,7 @@ impl Status for ControllerStatus {
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     let telemetry = crate::telemetry::init()?;
+    let resolved = args.resolve(|name| std::env::var(name).ok())?;
     if telemetry.exporting() {
         tracing::info!("exporting traces over OTLP");
     }
@@ -144,7 +206,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     let client = kube::Client::try_from(kube_config)?;
     let cluster = KubeCluster::new(client.clone());
     let config = Config {
-        pool_namespace: args.pool_namespace.clone(),
+        pool_namespace: resolved.pool_namespace.clone(),
         probe_interval: args.probe_interval,
         probe_refresh: args.probe_refresh,
         max_concurrent_probes: args.max_concurrent_probes,
@@ -182,22 +244,36 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
         };
         let lease = LeaseConfig::new(
             &namespace,
-            &args.leader_election_id,
+            &resolved.leader_election_id,
             &leader::process_identity(),
         );
         Some(LeaderElector::new(cluster, lease, Clock::system())?)
     } else {
         None
     };
-    let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+    let listener = tokio::net::TcpListener::bind(&resolved.metrics_addr)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.metrics_addr))?;
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", resolved.metrics_addr))?;
+    // The kubelet's probes on their own port, as the Go provider serves them (the same
+    // endpoints; one listener when both addresses are the same).
+    let health = if resolved.health_addr == resolved.metrics_addr {
+        None
+    } else {
+        Some(
+            tokio::net::TcpListener::bind(&resolved.health_addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", resolved.health_addr))?,
+        )
+    };
     let ready = Readiness::default();
     let status = Arc::new(ControllerStatus {
         ctx: ctx.clone(),
         ready: ready.clone(),
         role: elector.as_ref().map(LeaderElector::role),
     });
+    if let Some(health) = health {
+        tokio::spawn(serve(health, status.clone()));
+    }
     tokio::spawn(serve(listener, status));
     let shutdown = CancellationToken::new();
     tokio::spawn({
@@ -226,9 +302,12 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
     };
     let started = async {
         let controller: Controller = spawn_controller(&ctx).await?;
+        let defaults = crate::karpenter::KarpenterConfig::for_actors(&ctx.config);
         let config = crate::karpenter::KarpenterConfig {
             node_repair: args.node_repair,
-            ..crate::karpenter::KarpenterConfig::for_actors(&ctx.config)
+            batch_max: resolved.batch_max.unwrap_or(defaults.batch_max),
+            batch_idle: resolved.batch_idle.unwrap_or(defaults.batch_idle),
+            ..defaults
         };
         let karpenter = crate::karpenter::spawn_with(&ctx, config).await?;
         anyhow::Ok((controller, karpenter))
@@ -247,7 +326,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
         e = lost(&mut leadership) => return Ok(exit_on_lost(&e)),
     };
     ready.set(true);
-    tracing::info!(pool = %args.pool_namespace, "kpssh controller started");
+    tracing::info!(pool = %resolved.pool_namespace, "kpssh controller started");
     tokio::select! {
         _ = shutdown.cancelled() => {}
         e = lost(&mut leadership) => return Ok(exit_on_lost(&e)),
@@ -306,5 +385,69 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    fn args(argv: &[&str]) -> ControllerArgs {
+        Cli::try_parse_from(std::iter::once("kpssh").chain(argv.iter().copied()))
+            .expect("parse")
+            .args
+    }
+
+    #[test]
+    fn the_go_providers_environment_is_honoured_where_kpssh_says_nothing() {
+        let go = |name: &str| {
+            Some(match name {
+                "POOL_NAMESPACE" => "pool".to_string(),
+                "METRICS_PORT" => "9090".into(),
+                "HEALTH_PROBE_PORT" => "9091".into(),
+                "LEADER_ELECTION_NAME" => "karpenter-provider-ssh".into(),
+                "BATCH_MAX_DURATION" => "20s".into(),
+                "BATCH_IDLE_DURATION" => "2s".into(),
+                _ => return None,
+            })
+        };
+        let r = args(&[]).resolve(go).expect("resolve");
+        assert_eq!(
+            r,
+            Resolved {
+                pool_namespace: "pool".into(),
+                metrics_addr: "0.0.0.0:9090".into(),
+                health_addr: "0.0.0.0:9091".into(),
+                leader_election_id: "karpenter-provider-ssh".into(),
+                batch_max: Some(Duration::from_secs(20)),
+                batch_idle: Some(Duration::from_secs(2)),
+            }
+        );
+        // kpssh's own settings win; nothing set: the defaults, health on :8081 as in Go.
+        let own = args(&["--pool-namespace", "mine", "--metrics-addr", "127.0.0.1:1"]);
+        let r = own.resolve(go).expect("resolve");
+        assert_eq!(
+            (r.pool_namespace.as_str(), r.metrics_addr.as_str()),
+            ("mine", "127.0.0.1:1")
+        );
+        let r = args(&[]).resolve(|_| None).expect("resolve");
+        assert_eq!(r.pool_namespace, crate::api::DEFAULT_POOL_NAMESPACE);
+        assert_eq!(
+            (r.metrics_addr.as_str(), r.health_addr.as_str()),
+            ("0.0.0.0:8080", "0.0.0.0:8081")
+        );
+        assert_eq!(r.leader_election_id, "kpssh-controller");
+        // A bad value names the variable.
+        let err = args(&[])
+            .resolve(|n| (n == "HEALTH_PROBE_PORT").then(|| "http".to_string()))
+            .expect_err("bad port");
+        assert!(err.to_string().contains("HEALTH_PROBE_PORT"), "{err}");
     }
 }

@@ -44,7 +44,8 @@ pub enum Command {
 }
 
 /// Parse the command line. Installed as `kubectl-kpssh`, the binary is a kubectl plugin
-/// (`kubectl kpssh status`) and names itself that way in help and errors.
+/// (`kubectl kpssh status`) and names itself that way in help and errors. With no arguments at
+/// all it runs the controller, as the Go provider's image did (its entrypoint took none).
 pub fn parse() -> Cli {
     use clap::{CommandFactory, FromArgMatches};
     let argv0 = std::env::args_os().next().unwrap_or_default();
@@ -55,8 +56,20 @@ pub fn parse() -> Cli {
     if plugin {
         cmd = cmd.bin_name("kubectl kpssh").name("kubectl kpssh");
     }
-    let matches = cmd.get_matches();
+    let matches = cmd.get_matches_from(args_or_controller(std::env::args_os().collect()));
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// `kpssh` alone is `kpssh controller`.
+fn args_or_controller(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    if args.len() <= 1 {
+        args.truncate(1);
+        if args.is_empty() {
+            args.push("kpssh".into());
+        }
+        args.push("controller".into());
+    }
+    args
 }
 
 /// Runs the parsed command and returns the process exit code.
@@ -70,5 +83,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Sign(args) => sign::run(args),
         Command::Sim(args) => sim::run(args),
         Command::Status(args) => status::run(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    #[test]
+    fn no_arguments_run_the_controller_as_the_go_image_did() {
+        let args = args_or_controller(vec!["/kpssh".into()]);
+        let cli = Cli::from_arg_matches(&Cli::command().get_matches_from(args)).expect("parse");
+        assert!(matches!(cli.command, Command::Controller(_)));
+        let args = args_or_controller(vec!["kpssh".into(), "status".into()]);
+        assert_eq!(args.len(), 2, "arguments are left alone");
     }
 }

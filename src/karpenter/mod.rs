@@ -7,6 +7,7 @@
 
 pub mod budgets;
 pub mod disruption;
+pub mod hash_sync;
 pub mod lifecycle;
 pub mod nodepool_hash;
 pub mod nodepool_status;
@@ -129,7 +130,7 @@ pub async fn spawn<C: Cluster, T: Transport>(
     spawn_with(ctx, KarpenterConfig::for_actors(&ctx.config)).await
 }
 
-/// Start cluster state, provisioning, lifecycle, termination and disruption.
+/// Start cluster state, provisioning, lifecycle, the NodePool hash, termination and disruption.
 pub async fn spawn_with<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     config: KarpenterConfig,
@@ -146,6 +147,7 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
         config.clone(),
     ));
     tasks.push(lifecycle::spawn(ctx.clone(), state.clone(), config.clone()));
+    tasks.push(hash_sync::spawn(ctx.clone(), state.clone(), config.clone()));
     tasks.push(taint_gates::spawn(
         ctx.clone(),
         state.clone(),

@@ -122,14 +122,17 @@ fn hash_taint(t: &Taint) -> u64 {
     )
 }
 
-fn hash_taints(taints: &[Taint]) -> Option<u64> {
-    (!taints.is_empty()).then(|| hash_set(taints.iter().map(hash_taint)))
+/// A taint slice: absent (nil) leaves no trace, `[]` hashes as an empty set (`IgnoreZeroValue`
+/// skips only nil slices).
+fn hash_taints(taints: Option<&Vec<Taint>>) -> Option<u64> {
+    taints.map(|t| hash_set(t.iter().map(hash_taint)))
 }
 
 fn template_hash(t: &crate::api::karpenter::NodeClaimTemplate) -> u64 {
     let meta = &t.metadata;
-    let labels = (!meta.labels.is_empty()).then(|| hash_map(&meta.labels));
-    let annotations = (!meta.annotations.is_empty()).then(|| hash_map(&meta.annotations));
+    // Nil maps leave no trace; an empty map is hashed (`IgnoreZeroValue` skips only nil).
+    let labels = meta.labels.as_ref().map(hash_map);
+    let annotations = meta.annotations.as_ref().map(hash_map);
     let object_meta = (labels.is_some() || annotations.is_some()).then(|| {
         hash_struct(
             "ObjectMeta",
@@ -162,8 +165,8 @@ fn template_hash(t: &crate::api::karpenter::NodeClaimTemplate) -> u64 {
     let spec_hash = hash_struct(
         "NodeClaimTemplateSpec",
         &[
-            ("Taints", hash_taints(&spec.taints)),
-            ("StartupTaints", hash_taints(&spec.startup_taints)),
+            ("Taints", hash_taints(spec.taints.as_ref())),
+            ("StartupTaints", hash_taints(spec.startup_taints.as_ref())),
             ("NodeClassRef", Some(node_class_ref)),
             ("TerminationGracePeriod", tgp),
             ("ExpireAfter", expire_after),
@@ -296,13 +299,13 @@ mod tests {
         // Core's NodePool.Hash() of this template (sigs.k8s.io/karpenter v1.14.1, from the
         // oracle in tests/oracle/).
         let mut t = template();
-        t.metadata.labels = BTreeMap::from([("team".to_string(), "a".to_string())]);
-        t.spec.taints = vec![Taint {
+        t.metadata.labels = Some(BTreeMap::from([("team".to_string(), "a".to_string())]));
+        t.spec.taints = Some(vec![Taint {
             key: "k".into(),
             value: Some("v".into()),
             effect: "NoSchedule".into(),
             time_added: None,
-        }];
+        }]);
         t.spec.termination_grace_period = Some("1h".into());
         assert_eq!(template_hash(&t), 6097226699073503930);
     }
@@ -323,11 +326,32 @@ mod tests {
             effect: "NoSchedule".into(),
             ..Default::default()
         };
-        t.spec.taints = vec![taint("a"), taint("b")];
+        t.spec.taints = Some(vec![taint("a"), taint("b")]);
         let ab = template_hash(&t);
         assert_ne!(ab, base);
-        t.spec.taints = vec![taint("b"), taint("a")];
+        t.spec.taints = Some(vec![taint("b"), taint("a")]);
         assert_eq!(template_hash(&t), ab);
+    }
+
+    #[test]
+    fn s60_absent_and_empty_maps_and_taints_hash_apart_as_in_core() {
+        // Core's NodePool.Hash() (sigs.k8s.io/karpenter v1.14.1, the oracle in tests/oracle/)
+        // of one template with nothing set, `labels: {}`, `taints: []` and `startupTaints: []`.
+        let from = |v: serde_json::Value| -> NodeClaimTemplate {
+            serde_json::from_value(v).expect("template")
+        };
+        let r = serde_json::json!({"group": "g", "kind": "K", "name": "n"});
+        let bare = from(serde_json::json!({"spec": {"nodeClassRef": r}}));
+        assert_eq!(template_hash(&bare), 12798397565595811573);
+        let labels =
+            from(serde_json::json!({"metadata": {"labels": {}}, "spec": {"nodeClassRef": r}}));
+        assert_eq!(template_hash(&labels), 6662946317224488719);
+        let taints = from(serde_json::json!({"spec": {"taints": [], "nodeClassRef": r}}));
+        assert_eq!(template_hash(&taints), 11274702407591943674);
+        let startup = from(
+            serde_json::json!({"metadata": {}, "spec": {"startupTaints": [], "nodeClassRef": r}}),
+        );
+        assert_eq!(template_hash(&startup), 966314777948304921);
     }
 
     #[test]

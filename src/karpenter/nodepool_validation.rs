@@ -35,7 +35,7 @@ const RESTRICTED_LABELS: [&str; 1] = ["kubernetes.io/hostname"];
 pub fn validate(pool: &NodePool) -> Vec<String> {
     let mut errs = vec![];
     let t = &pool.spec.template;
-    for (key, value) in &t.metadata.labels {
+    for (key, value) in t.metadata.labels() {
         if key == NODEPOOL_LABEL {
             errs.push(format!("invalid key name {key:?} in labels, restricted"));
         }
@@ -51,8 +51,8 @@ pub fn validate(pool: &NodePool) -> Vec<String> {
     }
     let mut seen = BTreeSet::new();
     for (field, taints) in [
-        ("taints", &t.spec.taints),
-        ("startupTaints", &t.spec.startup_taints),
+        ("taints", t.spec.taints()),
+        ("startupTaints", t.spec.startup_taints()),
     ] {
         validate_taints(field, taints, &mut seen, &mut errs);
     }

@@ -1,4 +1,4 @@
-//! Logs and traces. Logs are JSON lines on stderr (level from `RUST_LOG`, default `info`), each
+//! Logs and traces. Logs are JSON lines on stderr (level from `RUST_LOG`, else the Go provider's `LOG_LEVEL`, default `info`), each
 //! carrying the trace and span id of the span it was written in. Traces go out over OTLP when
 //! the standard `OTEL_EXPORTER_OTLP_*` variables name an endpoint ([`otlp`]); otherwise spans
 //! are still created (so log lines can be correlated) but not exported.
@@ -75,7 +75,14 @@ pub fn provider_from_env() -> Result<(SdkTracerProvider, bool), TelemetryError> 
 /// layer feeding `provider`.
 pub fn init() -> Result<Telemetry, TelemetryError> {
     let (provider, exporting) = provider_from_env()?;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // RUST_LOG, else the Go provider's LOG_LEVEL (debug, info, error), else info.
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| {
+            std::env::var("LOG_LEVEL")
+                .map_err(|_| ())
+                .and_then(|l| EnvFilter::try_new(l.trim()).map_err(|_| ()))
+        })
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let tracer = provider.tracer(SCOPE);
     // A second init (tests) is not an error worth failing for.
     let _ = tracing_subscriber::registry()

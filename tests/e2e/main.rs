@@ -1,4 +1,4 @@
-//! End-to-end tier (E1–E8, E10, and S44/S52 on the real control plane): the real `kpssh controller` binary against a real control plane
+//! End-to-end tier (E1–E10, and S44/S52 on the real control plane): the real `kpssh controller` binary against a real control plane
 //! (kube-apiserver, etcd, kube-scheduler, kube-controller-manager) and real OpenSSH hosts whose
 //! profile starts a fake kubelet that really bootstraps with the minted token.
 //!
@@ -19,6 +19,7 @@ mod testhost;
 
 mod drain;
 mod faults;
+mod migration;
 mod scale;
 mod verified;
 mod world;
@@ -57,6 +58,10 @@ const SCENARIOS: &[(&str, ScenarioFn)] = &[
         Box::pin(verified::e8(sc))
     }),
     (
+        "E9_migration_from_the_go_provider_without_a_disruption",
+        |sc| Box::pin(migration::e9(sc)),
+    ),
+    (
         "E10_adopted_node_with_its_own_name_drained_and_deleted",
         |sc| Box::pin(drain::e10(sc)),
     ),
@@ -71,6 +76,12 @@ const SCENARIOS: &[(&str, ScenarioFn)] = &[
 
 /// The whole tier is bounded; a scenario bounds each of its own waits well inside this.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(600);
+
+/// Scenarios that set the cluster up before the controller starts (E9: the cluster as the Go
+/// provider left it). The controller starts once they are done, the other scenarios after it.
+fn prepares_first(name: &str) -> bool {
+    name.starts_with("E9_")
+}
 
 fn main() {
     fake_kubelet::run_role_if_asked();
@@ -92,11 +103,7 @@ fn main() {
     }
     let started = Instant::now();
     let world: &'static World = Box::leak(Box::new(World::start()));
-    println!(
-        "e2e: control plane and controller up after {:.1}s; running {} scenarios",
-        started.elapsed().as_secs_f64(),
-        selected.len()
-    );
+    world.expect_preparations(selected.iter().filter(|(n, _)| prepares_first(n)).count());
     let handles: Vec<_> = selected
         .iter()
         .map(|(name, f)| {
@@ -105,11 +112,18 @@ fn main() {
             let id = name.split('_').next().unwrap_or(name).to_ascii_lowercase();
             let h = std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || run_one(world, id, f))
+                .spawn(move || run_one(world, id, prepares_first(name), f))
                 .expect("spawn scenario thread");
             (name, h)
         })
         .collect();
+    world.wait_prepared(Duration::from_secs(300));
+    world.start_controller();
+    println!(
+        "e2e: control plane and controller up after {:.1}s; running {} scenarios",
+        started.elapsed().as_secs_f64(),
+        selected.len()
+    );
     let mut failed = 0;
     let mut summary = String::new();
     for (name, h) in handles {
@@ -151,7 +165,15 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 
 /// One scenario on its own thread and runtime. Every process a scenario forks (sshd) is
 /// forked by this thread, which outlives the scenario's hosts (PR_SET_PDEATHSIG is per thread).
-fn run_one(world: &'static World, id: String, f: ScenarioFn) -> (Outcome, Duration) {
+fn run_one(
+    world: &'static World,
+    id: String,
+    prepares: bool,
+    f: ScenarioFn,
+) -> (Outcome, Duration) {
+    if !prepares {
+        world.wait_started();
+    }
     let started = Instant::now();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -165,6 +187,10 @@ fn run_one(world: &'static World, id: String, f: ScenarioFn) -> (Outcome, Durati
             Ok(Err(p)) => Err(format!("panicked: {}", panic_text(&p))),
             Err(_) => Err(format!("scenario exceeded {SCENARIO_LIMIT:?}")),
         };
+        // A preparing scenario that failed before it was done must not hold the others.
+        if prepares {
+            sc.prepared();
+        }
         match res {
             Ok(()) => Ok(()),
             Err(e) => Err(format!("{e}\n{}", sc.dump().await)),

@@ -8,7 +8,8 @@ use std::future::Future;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -45,11 +46,17 @@ pub struct World {
     pub rogue: KeyPair,
     controller: Mutex<Option<Child>>,
     controller_log: PathBuf,
+    /// Set once the controller process was started ([`World::start_controller`]).
+    started: AtomicBool,
+    /// Scenarios that prepare the cluster before the controller starts (E9), still preparing.
+    preparing: Mutex<usize>,
+    changed: Condvar,
 }
 
 impl World {
     /// Control plane with scheduler and controller-manager, CRDs, the shipped bootstrap RBAC,
-    /// the pool namespace and SSH key Secret, then the real `kpssh controller` process.
+    /// the pool namespace and SSH key Secret. The real `kpssh controller` process starts with
+    /// [`World::start_controller`].
     pub fn start() -> World {
         let base = tempfile::Builder::new()
             .prefix("kpssh-e2e-")
@@ -104,8 +111,25 @@ impl World {
             create(&Api::<Secret>::namespaced(client, POOL_NS), &secret).await;
         });
         let controller_log = base.join("controller.log");
-        let log = std::fs::File::create(&controller_log).expect("controller log");
+        World {
+            cp,
+            base,
+            client_key,
+            signer,
+            rogue,
+            controller: Mutex::new(None),
+            controller_log,
+            started: AtomicBool::new(false),
+            preparing: Mutex::new(0),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// The real `kpssh controller` process, logging to `controller.log`.
+    pub fn start_controller(&self) {
+        let log = std::fs::File::create(&self.controller_log).expect("controller log");
         let metrics = format!("127.0.0.1:{}", crate::sshd::free_port("127.0.0.1"));
+        let health = format!("127.0.0.1:{}", crate::sshd::free_port("127.0.0.1"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kpssh"));
         cmd.args([
             "controller",
@@ -115,10 +139,12 @@ impl World {
             "5s",
             "--metrics-addr",
             &metrics,
+            "--health-addr",
+            &health,
             "--shutdown-grace",
             "5s",
         ])
-        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("KUBECONFIG", self.cp.kubeconfig_path())
         .env("RUST_LOG", "info,kpssh=debug")
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
@@ -131,14 +157,35 @@ impl World {
             });
         }
         let child = cmd.spawn().expect("spawn kpssh controller");
-        World {
-            cp,
-            base,
-            client_key,
-            signer,
-            rogue,
-            controller: Mutex::new(Some(child)),
-            controller_log,
+        *self.controller.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+        self.started.store(true, Ordering::SeqCst);
+        let _guard = self.preparing.lock().unwrap_or_else(|e| e.into_inner());
+        self.changed.notify_all();
+    }
+
+    /// `n` scenarios prepare the cluster before the controller starts.
+    pub fn expect_preparations(&self, n: usize) {
+        *self.preparing.lock().unwrap_or_else(|e| e.into_inner()) = n;
+    }
+
+    /// One preparing scenario is done (or gave up).
+    pub fn prepared(&self) {
+        let mut p = self.preparing.lock().unwrap_or_else(|e| e.into_inner());
+        *p = p.saturating_sub(1);
+        self.changed.notify_all();
+    }
+
+    /// Wait (at most `limit`) until every preparing scenario is done.
+    pub fn wait_prepared(&self, limit: Duration) {
+        let p = self.preparing.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self.changed.wait_timeout_while(p, limit, |p| *p > 0);
+    }
+
+    /// Block until the controller process was started.
+    pub fn wait_started(&self) {
+        let mut p = self.preparing.lock().unwrap_or_else(|e| e.into_inner());
+        while !self.started.load(Ordering::SeqCst) {
+            p = self.changed.wait(p).unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -146,8 +193,12 @@ impl World {
         std::fs::read_to_string(&self.controller_log).unwrap_or_default()
     }
 
-    /// Whether the controller process still runs (it must, through the whole tier).
+    /// Whether the controller process still runs (it must, through the whole tier; before it
+    /// was started, it counts as running).
     pub fn controller_running(&self) -> bool {
+        if !self.started.load(Ordering::SeqCst) {
+            return true;
+        }
         let mut guard = self.controller.lock().unwrap_or_else(|e| e.into_inner());
         guard
             .as_mut()
@@ -208,6 +259,8 @@ pub struct Sc {
     pub client: kube::Client,
     pub hosts: Vec<TestHost>,
     pub ns: String,
+    /// Whether this scenario told the world it finished preparing (see [`Sc::prepared`]).
+    pub signalled: bool,
 }
 
 /// A wait's answer: `Some(value)` when done.
@@ -235,6 +288,15 @@ impl Sc {
             client,
             hosts: Vec::new(),
             ns,
+            signalled: false,
+        }
+    }
+
+    /// A preparing scenario (E9) set the cluster up: the controller may start.
+    pub fn prepared(&mut self) {
+        if !self.signalled {
+            self.signalled = true;
+            self.world.prepared();
         }
     }
 

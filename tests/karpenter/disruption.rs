@@ -81,6 +81,7 @@ async fn bump_template(e: &Env) {
         .template
         .metadata
         .labels
+        .get_or_insert_default()
         .insert("rev".into(), "2".into());
     e.w.cluster.replace(&np).await.expect("replace");
 }

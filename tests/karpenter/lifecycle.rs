@@ -22,12 +22,12 @@ async fn s37_registered_then_initialized_when_startup_taints_go() {
     let e = env().await;
     hosts(&e, "h", "small", 1, 2, 4, 50).await;
     let mut np = nodepool("default");
-    np.spec.template.spec.startup_taints = vec![Taint {
+    np.spec.template.spec.startup_taints = Some(vec![Taint {
         key: "example.com/warming".into(),
         value: None,
         effect: "NoSchedule".into(),
         time_added: None,
-    }];
+    }]);
     e.w.cluster.create(&np).await.expect("np");
     e.w.cluster
         .create(&pod("p", "500m", "256Mi"))

@@ -10,6 +10,7 @@ mod exchange;
 mod expiration;
 mod explain;
 mod grace;
+mod hash;
 mod lifecycle;
 mod metrics;
 mod node_deletion;

@@ -19,6 +19,7 @@ async fn s36_pending_pods_are_bin_packed_onto_the_cheapest_fitting_class() {
         .template
         .metadata
         .labels
+        .get_or_insert_default()
         .insert("team".into(), "a".into());
     np.spec.template.spec.expire_after = Some("720h".into());
     e.w.cluster.create(&np).await.expect("nodepool");
@@ -64,18 +65,18 @@ async fn s36_selectors_affinity_tolerations_and_unsupported_constraints() {
     let e = env().await;
     hosts(&e, "h", "small", 3, 2, 4, 42).await;
     let mut np = nodepool("tainted");
-    np.spec.template.spec.taints = vec![Taint {
+    np.spec.template.spec.taints = Some(vec![Taint {
         key: "dedicated".into(),
         value: Some("db".into()),
         effect: "NoSchedule".into(),
         time_added: None,
-    }];
-    np.spec.template.spec.startup_taints = vec![Taint {
+    }]);
+    np.spec.template.spec.startup_taints = Some(vec![Taint {
         key: "warming".into(),
         value: None,
         effect: "NoSchedule".into(),
         time_added: None,
-    }];
+    }]);
     e.w.cluster.create(&np).await.expect("np");
     // No toleration: the only pool is tainted.
     e.w.cluster

@@ -76,10 +76,15 @@ fn requirement() -> impl Strategy<Value = Value> {
 
 /// A NodePool as the API serves it.
 fn nodepool_json() -> impl Strategy<Value = Value> {
-    let meta = (string_map(), string_map());
+    // Absent, empty and filled apart: core's hash tells a nil map or slice from an empty one.
+    let meta = (
+        prop::option::of(string_map()),
+        prop::option::of(string_map()),
+        any::<bool>(),
+    );
     let spec = (
-        taints(),
-        taints(),
+        prop::option::of(taints()),
+        prop::option::of(taints()),
         prop::collection::vec(requirement(), 0..3),
         (
             prop_oneof![
@@ -95,25 +100,25 @@ fn nodepool_json() -> impl Strategy<Value = Value> {
     );
     (meta, spec).prop_map(
         |(
-            (labels, annotations),
+            (labels, annotations, with_meta),
             (taints, startup, reqs, (group, kind, name), expire, tgp, weight),
         )| {
             let mut template_meta = json!({});
-            if !labels.is_empty() {
-                template_meta["labels"] = json!(labels);
+            if let Some(l) = labels {
+                template_meta["labels"] = json!(l);
             }
-            if !annotations.is_empty() {
-                template_meta["annotations"] = json!(annotations);
+            if let Some(a) = annotations {
+                template_meta["annotations"] = json!(a);
             }
             let mut spec = json!({
                 "requirements": reqs,
                 "nodeClassRef": {"group": group, "kind": kind, "name": name},
             });
-            if !taints.is_empty() {
-                spec["taints"] = json!(taints);
+            if let Some(t) = taints {
+                spec["taints"] = json!(t);
             }
-            if !startup.is_empty() {
-                spec["startupTaints"] = json!(startup);
+            if let Some(t) = startup {
+                spec["startupTaints"] = json!(t);
             }
             if let Some(e) = expire {
                 spec["expireAfter"] = json!(e);
@@ -121,12 +126,16 @@ fn nodepool_json() -> impl Strategy<Value = Value> {
             if let Some(t) = tgp {
                 spec["terminationGracePeriod"] = json!(t);
             }
+            let mut template = json!({"spec": spec});
+            if with_meta || template_meta != json!({}) {
+                template["metadata"] = template_meta;
+            }
             let mut pool = json!({
                 "apiVersion": "karpenter.sh/v1",
                 "kind": "NodePool",
                 "metadata": {"name": "pool"},
                 "spec": {
-                    "template": {"metadata": template_meta, "spec": spec},
+                    "template": template,
                     "disruption": {"consolidateAfter": "30s"},
                 },
             });

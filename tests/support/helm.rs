@@ -80,3 +80,19 @@ pub fn render(release: &str, ns: &str, set: &[&str]) -> Result<Vec<Value>, Strin
     let text = run_helm(&args)?;
     Ok(parse_docs(&text))
 }
+
+/// `helm template` with a values file (`-f`) and `--set` overrides.
+pub fn render_with_values(
+    release: &str,
+    ns: &str,
+    values: &Path,
+    set: &[&str],
+) -> Result<Vec<Value>, String> {
+    let values = values.to_string_lossy().into_owned();
+    let mut args = vec!["template", release, CHART, "--namespace", ns, "-f", &values];
+    for s in set {
+        args.extend(["--set", s]);
+    }
+    let text = run_helm(&args)?;
+    Ok(parse_docs(&text))
+}

@@ -42,8 +42,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default .Release.Namespace .Values.poolNamespace -}}
 {{- end -}}
 
+{{/* repository@digest when a digest is given (the Go chart's image.digest), else repository:tag. */}}
 {{- define "kpssh.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The leader Lease's name (in the release namespace). */}}

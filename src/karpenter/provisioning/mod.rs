@@ -425,7 +425,7 @@ pub fn build_claim(pool: &NodePool, name: &str, claim: &NewClaim) -> NodeClaim {
             name: Some(name.into()),
             labels: Some(labels),
             annotations: Some({
-                let mut a = t.metadata.annotations.clone();
+                let mut a = t.metadata.annotations().clone();
                 super::nodepool_hash::stamp(pool, &mut a);
                 a
             }),
@@ -440,8 +440,8 @@ pub fn build_claim(pool: &NodePool, name: &str, claim: &NewClaim) -> NodeClaim {
             ..Default::default()
         },
         spec: NodeClaimSpec {
-            taints: t.spec.taints.clone(),
-            startup_taints: t.spec.startup_taints.clone(),
+            taints: t.spec.taints().to_vec(),
+            startup_taints: t.spec.startup_taints().to_vec(),
             requirements,
             resources: ResourceRequests { requests },
             node_class_ref: t.spec.node_class_ref.clone(),

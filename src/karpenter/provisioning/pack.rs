@@ -44,7 +44,7 @@ pub struct PoolOffer {
 /// not label (Karpenter's way of turning requirements into node labels).
 pub fn template_labels(pool: &NodePool) -> BTreeMap<String, String> {
     let t = &pool.spec.template;
-    let mut labels = t.metadata.labels.clone();
+    let mut labels = t.metadata.labels().clone();
     for r in &t.spec.requirements {
         if r.operator == "In"
             && !labels.contains_key(&r.key)
@@ -110,7 +110,7 @@ impl PoolOffer {
             let alloc = allocatable(it, class);
             let mut overhead: BTreeMap<String, i128> = BTreeMap::new();
             for d in &ds_pods {
-                if d.tolerates(&t.taints) && d.labels_match(&labels) {
+                if d.tolerates(t.taints()) && d.labels_match(&labels) {
                     for (k, v) in &d.requests {
                         *overhead.entry(k.clone()).or_insert(0) += v;
                     }
@@ -141,7 +141,7 @@ impl PoolOffer {
         PoolOffer {
             pool: name,
             weight: pool.spec.weight.unwrap_or(0),
-            taints: t.taints.clone(),
+            taints: t.taints().to_vec(),
             limits,
             types,
             choices,
