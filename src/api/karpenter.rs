@@ -164,13 +164,11 @@ pub struct NodeClaimTemplate {
     pub spec: NodeClaimTemplateSpec,
 }
 
-// Labels and annotations of a NodePool's template. Absent and empty (`{}`) are kept apart:
-// Karpenter core's NodePool hash tells a nil map from an empty one, and so must kpssh's, or a
-// NodeClaim core stamped would look drifted (crate::karpenter::nodepool_hash). (Not a doc
-// comment: it would become the CRD's description.)
+/// Labels and annotations of a NodePool's template. Absent and empty (`{}`) are kept apart:
+/// Karpenter core's NodePool hash tells a nil map from an empty one, and so must kpssh's, or a
+/// NodeClaim core stamped would look drifted (crate::karpenter::nodepool_hash).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct TemplateMetadata {
-    // The schema is core's (not nullable); only the Rust side keeps absent apart from empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
