@@ -36,7 +36,12 @@ pub const CASES: u32 = 10_000;
 
 pub fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: CASES.max(std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(0)),
+        cases: CASES.max(
+            std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0),
+        ),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

@@ -446,7 +446,11 @@ fn the_watchdogs_sleep_never_holds_the_phase_lock() {
         std::thread::sleep(Duration::from_millis(100));
     };
     let out = child.wait_with_output().expect("shim");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!holders.is_empty(), "the running phase holds the lock");
     for (pid, cmd) in &holders {
         assert!(

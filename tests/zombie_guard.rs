@@ -329,11 +329,18 @@ async fn foreign_node_sharing_the_ip_is_never_touched(cp: &ControlPlane, base: &
     let parked = until(Duration::from_secs(60), || async {
         let h = pool.get("f").await;
         h.state() == HostState::Unhealthy
-            && (h.status.as_ref().and_then(|s| s.last_probe_error.as_deref()))
-                .is_some_and(|e| e.contains("never installed"))
+            && (h
+                .status
+                .as_ref()
+                .and_then(|s| s.last_probe_error.as_deref()))
+            .is_some_and(|e| e.contains("never installed"))
     })
     .await;
-    assert!(parked, "S10: host f parked: {:?}", pool.get("f").await.status);
+    assert!(
+        parked,
+        "S10: host f parked: {:?}",
+        pool.get("f").await.status
+    );
     let left = until(Duration::from_secs(60), || async {
         pool.reasons("m").await.iter().any(|r| r == "ZombieLeft")
     })
@@ -399,7 +406,12 @@ async fn orphan_node_is_deleted_after_a_controller_restart(
         o.phases().contains(&format!("join {CLAIM}"))
     })
     .await;
-    assert!(joined, "join: {} {:?}", o.phases(), pool.get("o").await.status);
+    assert!(
+        joined,
+        "join: {} {:?}",
+        o.phases(),
+        pool.get("o").await.status
+    );
     let provider_id = format!("kpssh://{}/o", pool.ns);
     pool.node(CLAIM, &provider_id, &o.sshd.address).await;
     let in_use = until(Duration::from_secs(60), || async {
@@ -412,7 +424,8 @@ async fn orphan_node_is_deleted_after_a_controller_restart(
     // (The karpenter layer, not running here, would mark the claim drained first.)
     o.fail_leave(true);
     let claims: Api<NodeClaim> = Api::all(pool.client.clone());
-    let drained = json!({"metadata": {"annotations": {kpssh::karpenter::DRAINED_ANNOTATION: "true"}}});
+    let drained =
+        json!({"metadata": {"annotations": {kpssh::karpenter::DRAINED_ANNOTATION: "true"}}});
     claims
         .patch(CLAIM, &PatchParams::default(), &Patch::Merge(&drained))
         .await
@@ -426,7 +439,11 @@ async fn orphan_node_is_deleted_after_a_controller_restart(
         h.claim().is_none() && h.state() == HostState::Unhealthy
     })
     .await;
-    assert!(released, "S24: released Unhealthy: {:?}", pool.get("o").await.status);
+    assert!(
+        released,
+        "S24: released Unhealthy: {:?}",
+        pool.get("o").await.status
+    );
     let recorded = (pool.get("o").await.status).and_then(|s| s.orphan_node);
     pool.node_untouched(CLAIM)
         .await
@@ -442,7 +459,12 @@ async fn orphan_node_is_deleted_after_a_controller_restart(
     assert!(
         gone,
         "#23: the orphan Node must be deleted after a restart: {:?}",
-        pool.nodes().get_opt(CLAIM).await.ok().flatten().map(|n| n.metadata)
+        pool.nodes()
+            .get_opt(CLAIM)
+            .await
+            .ok()
+            .flatten()
+            .map(|n| n.metadata)
     );
     assert_eq!(
         recorded,

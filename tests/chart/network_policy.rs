@@ -63,7 +63,10 @@ fn network_policy_names_every_destination_and_has_no_open_default() {
     assert_eq!(egress.len(), 3, "DNS, API server, SSH: {egress:?}");
     for rule in egress {
         let to = rule["to"].as_array().map(Vec::len).unwrap_or(0);
-        assert!(to > 0, "an egress rule without `to:` allows every address: {rule}");
+        assert!(
+            to > 0,
+            "an egress rule without `to:` allows every address: {rule}"
+        );
     }
     let blocks = |rule: &Value| -> Vec<String> {
         (rule["to"].as_array().into_iter().flatten())

@@ -18,7 +18,10 @@ async fn host_key_signed_with_sha1_only_is_refused() {
     sshd.authorize(&key.public);
     let t = transport();
     let err = t
-        .exec(&target(&sshd, &key), RemoteCommand::new("echo ok", secs(10)))
+        .exec(
+            &target(&sshd, &key),
+            RemoteCommand::new("echo ok", secs(10)),
+        )
         .await
         .expect_err("an ssh-rsa (SHA-1) host key signature must be refused");
     let text = err.to_string();
@@ -35,18 +38,31 @@ async fn rsa_user_key_is_never_signed_with_sha1() {
     use russh::keys::HashAlg;
     let err = rsa_user_hash(Some(None)).expect_err("SHA-1 only: refused");
     assert!(err.contains("SHA-1"), "says why: {err}");
-    assert_eq!(rsa_user_hash(Some(Some(HashAlg::Sha256))), Ok(Some(HashAlg::Sha256)));
-    assert_eq!(rsa_user_hash(None), Ok(Some(HashAlg::Sha512)), "no list: SHA-512");
+    assert_eq!(
+        rsa_user_hash(Some(Some(HashAlg::Sha256))),
+        Ok(Some(HashAlg::Sha256))
+    );
+    assert_eq!(
+        rsa_user_hash(None),
+        Ok(Some(HashAlg::Sha512)),
+        "no list: SHA-512"
+    );
     // An RSA key logs in with rsa-sha2 (the server says which it used).
     let sshd = Sshd::start();
     let key = keygen(sshd.dir.path(), "client-rsa", "rsa", None);
     sshd.authorize(&key.public);
     let t = transport();
-    assert_eq!(sh(&t, &target(&sshd, &key), "echo ok").await.stdout, b"ok\n");
+    assert_eq!(
+        sh(&t, &target(&sshd, &key), "echo ok").await.stdout,
+        b"ok\n"
+    );
     let log = sshd.log();
     assert!(
         log.contains("rsa-sha2-512") || log.contains("RSA-SHA2-512"),
         "signed with rsa-sha2-512: {}",
-        log.lines().filter(|l| l.contains("ccepted")).collect::<Vec<_>>().join("\n")
+        log.lines()
+            .filter(|l| l.contains("ccepted"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }

@@ -194,7 +194,10 @@ mod tests {
         let foreign = with_pid("ip-10-0-0-9", "aws:///zone/i-0abc", None);
         let tied = |n: &Node, h: &SSHHost| tied_to_host(n, "pool", "h1", h);
         assert!(!tied(&foreign, &host), "sharing the IP is no tie");
-        assert!(tied(&with_pid("any", "kpssh://pool/h1", None), &host), "Static ID");
+        assert!(
+            tied(&with_pid("any", "kpssh://pool/h1", None), &host),
+            "Static ID"
+        );
         assert!(!tied(&with_pid("any", "kpssh://pool/h2", None), &host));
         assert!(!tied(&with_pid("any", "kpssh://other/h1", None), &host));
         host.status = Some(SSHHostStatus {
@@ -209,13 +212,22 @@ mod tests {
             }),
             ..Default::default()
         });
-        assert!(tied(&with_pid("mi-1", "eks-hybrid:///r/c/mi-1", None), &host), "recorded ID");
-        assert!(tied(&with_pid("mi-0", "eks-hybrid:///r/c/mi-0", None), &host), "orphan");
+        assert!(
+            tied(&with_pid("mi-1", "eks-hybrid:///r/c/mi-1", None), &host),
+            "recorded ID"
+        );
+        assert!(
+            tied(&with_pid("mi-0", "eks-hybrid:///r/c/mi-0", None), &host),
+            "orphan"
+        );
         assert!(
             !tied(&with_pid("mi-0", "eks-hybrid:///r/c/other", None), &host),
             "the orphan's name with another provider ID is another machine"
         );
-        assert!(tied(&with_pid("x", "aws:///z/i-1", Some("u1")), &host), "owned by the claim");
+        assert!(
+            tied(&with_pid("x", "aws:///z/i-1", Some("u1")), &host),
+            "owned by the claim"
+        );
         assert!(!tied(&with_pid("x", "aws:///z/i-1", Some("u0")), &host));
         assert!(!tied(&foreign, &host));
     }

@@ -70,7 +70,10 @@ async fn finish<C: Cluster, T: Transport>(
     let node = node_identity::find(&state.ctx, &identity).await?;
     // The kubelet may still run after a failed leave: the Node stays until a probe shows it
     // stopped, recorded in the status (a restart must not forget it, its finalizer held).
-    let orphan = node.as_ref().filter(|_| failure.is_some()).and_then(orphan_record);
+    let orphan = node
+        .as_ref()
+        .filter(|_| failure.is_some())
+        .and_then(orphan_record);
     if failure.is_none()
         && let Some(node) = node
     {

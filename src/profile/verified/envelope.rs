@@ -171,7 +171,14 @@ pub struct Params {
 impl fmt::Debug for Params {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Params")
-            .field("names", &self.entries.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
+            .field(
+                "names",
+                &self
+                    .entries
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -197,7 +197,9 @@ mod debug_tests {
     fn debug_never_shows_parameter_values() {
         const TOKEN: &str = "abcdef.0123456789abcdef";
         let mut params = Params::new();
-        params.insert("KPSSH_BOOTSTRAP_TOKEN", TOKEN).expect("param");
+        params
+            .insert("KPSSH_BOOTSTRAP_TOKEN", TOKEN)
+            .expect("param");
         params.insert("KPSSH_NODE_NAME", "n1").expect("param");
         let envelope = Envelope {
             phase: Phase::Join,
@@ -229,7 +231,10 @@ mod debug_tests {
             assert!(!text.contains(TOKEN), "{what}: {text}");
             assert!(!text.contains("0123456789abcdef"), "{what}: {text}");
         }
-        assert!(format!("{params:?}").contains("KPSSH_BOOTSTRAP_TOKEN"), "names stay visible");
+        assert!(
+            format!("{params:?}").contains("KPSSH_BOOTSTRAP_TOKEN"),
+            "names stay visible"
+        );
         assert!(format!("{command:?}").contains("stdin_len"));
     }
 }
