@@ -100,6 +100,11 @@ pub struct HostClass {
     /// back: a zombie for the guard to catch).
     #[serde(default)]
     pub bad_leave_fraction: f64,
+    /// MiB by which each host's MemTotal (what the probe observes) may fall short of
+    /// `memoryGib`, drawn per host from 0 to this: real machines of one size report slightly
+    /// different memory (firmware, kernel). Each SSHHost declares `memoryGib`.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub memory_spread_mib: u32,
     /// How the class's Nodes get their identity (its SSHNodeClass `providerIDSource`, and
     /// the name the simulated kubelet registers under).
     #[serde(default, skip_serializing_if = "NodeIdentity::is_static")]
@@ -125,6 +130,10 @@ impl NodeIdentity {
     pub fn is_static(&self) -> bool {
         *self == NodeIdentity::Static
     }
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 fn default_mem() -> u32 {

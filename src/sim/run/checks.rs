@@ -208,7 +208,7 @@ impl Runner<'_> {
                     .violate("claim-launched-in-time", name, now, msg);
             }
         }
-        for (pool, msg) in workload::limit_breaches(self.sc, &self.mirror.claims) {
+        for (pool, msg) in workload::limit_breaches(self.sc, &self.largest, &self.mirror.claims) {
             self.checks.violate("nodepool-limits", &pool, now, msg);
         }
     }
