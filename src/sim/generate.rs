@@ -398,7 +398,7 @@ mod tests {
         assert!(any(&|s| s.node_pools.iter().any(|p| {
             let c = s.classes.iter().find(|c| c.name == p.class);
             let spread = c.map_or(0, |c| c.memory_spread_mib);
-            let odd = |mi: u32| c.is_some_and(|c| mi % (c.memory_gib * 1024) != 0);
+            let odd = |mi: u32| c.is_some_and(|c| !mi.is_multiple_of(c.memory_gib * 1024));
             spread > 0
                 && (p.limits.get("memory"))
                     .and_then(|m| m.strip_suffix("Mi")?.parse().ok())
