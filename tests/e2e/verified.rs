@@ -36,7 +36,7 @@ fn sessions(sc: &Sc, h: usize, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-fn profile_dir(sc: &Sc) -> std::path::PathBuf {
+pub fn profile_dir(sc: &Sc) -> std::path::PathBuf {
     let dir = sc.world.base.join(format!("profiles-{}", sc.id));
     let _ = std::fs::create_dir_all(&dir);
     dir
