@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, WatchEvent, WatchParams};
 use crate::go_layout::GO_USER;
 use crate::scale::check_warm_and_disabled;
 use crate::testhost::ExecMode;
-use crate::verified::profile_dir;
+use crate::verified::{launch_events, profile_dir};
 use crate::world::{POOL_NS, Sc, profile, sign};
 
 /// The host's trust root, named only by the shim's environment: `/etc/kpssh/allowed_signers`
@@ -157,6 +157,18 @@ pub async fn s62(sc: &mut Sc) -> Result<(), String> {
     )
     .await?;
     sc.bare_pod().await;
+    // A shim that refuses the layout fails the launch: say so at once, with its reason.
+    let started = std::time::Instant::now();
+    while sc.host_state(h).await? != HostState::InUse {
+        let failed = launch_events(sc, "LaunchFailed").await?;
+        if !failed.is_empty() {
+            return Err(format!("the shim refused the launch: {failed:?}"));
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            return Err("the host did not join within 90s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let node = sc.up_after_pending(h).await?;
     sc.api::<NodeClaim>()
         .delete(&node, &DeleteParams::default())

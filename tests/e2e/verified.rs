@@ -220,7 +220,7 @@ pub async fn e8(sc: &mut Sc) -> Result<(), String> {
 
 /// Messages of events with `reason` on this scenario's NodeClaims (cluster-scoped objects:
 /// their events are in `default`).
-async fn launch_events(sc: &Sc, reason: &str) -> Result<Vec<String>, String> {
+pub async fn launch_events(sc: &Sc, reason: &str) -> Result<Vec<String>, String> {
     let events = sc
         .ns_api::<Event>("default")
         .list(&ListParams::default())
