@@ -1,4 +1,4 @@
-//! End-to-end tier (E1–E10, and S44/S52 on the real control plane): the real `kpssh controller` binary against a real control plane
+//! End-to-end tier (E1–E10, and S44/S52/S62 on the real control plane): the real `kpssh controller` binary against a real control plane
 //! (kube-apiserver, etcd, kube-scheduler, kube-controller-manager) and real OpenSSH hosts whose
 //! profile starts a fake kubelet that really bootstraps with the minted token.
 //!
@@ -12,6 +12,8 @@
 mod controlplane;
 #[path = "../support/fake_kubelet.rs"]
 mod fake_kubelet;
+#[path = "../support/go_layout.rs"]
+mod go_layout;
 #[path = "../support/sshd.rs"]
 mod sshd;
 #[path = "../support/testhost.rs"]
@@ -19,6 +21,7 @@ mod testhost;
 
 mod drain;
 mod faults;
+mod go_host;
 mod migration;
 mod scale;
 mod verified;
@@ -72,6 +75,10 @@ const SCENARIOS: &[(&str, ScenarioFn)] = &[
     ("S52_kubectl_delete_node_drains_and_releases", |sc| {
         Box::pin(drain::s52(sc))
     }),
+    (
+        "S62_go_layout_verified_host_probes_joins_and_leaves_through_sudo",
+        |sc| Box::pin(go_host::s62(sc)),
+    ),
 ];
 
 /// The whole tier is bounded; a scenario bounds each of its own waits well inside this.

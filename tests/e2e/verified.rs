@@ -36,7 +36,7 @@ fn sessions(sc: &Sc, h: usize, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-fn profile_dir(sc: &Sc) -> std::path::PathBuf {
+pub fn profile_dir(sc: &Sc) -> std::path::PathBuf {
     let dir = sc.world.base.join(format!("profiles-{}", sc.id));
     let _ = std::fs::create_dir_all(&dir);
     dir
@@ -220,7 +220,7 @@ pub async fn e8(sc: &mut Sc) -> Result<(), String> {
 
 /// Messages of events with `reason` on this scenario's NodeClaims (cluster-scoped objects:
 /// their events are in `default`).
-async fn launch_events(sc: &Sc, reason: &str) -> Result<Vec<String>, String> {
+pub async fn launch_events(sc: &Sc, reason: &str) -> Result<Vec<String>, String> {
     let events = sc
         .ns_api::<Event>("default")
         .list(&ListParams::default())

@@ -5,7 +5,9 @@
 //! /etc/kpssh/allowed_signers       its trust root (the shim's default)
 //! /etc/kpssh/shim.options          kpssh's root-owned options file (optional)
 //! /var/lib/kpssh/shim              kpssh's state (v2 records, the phase lock)
+//! /etc/kpssh/shim.env              the shim's settings by environment (optional, below)
 //! /etc/sudoers.d/kpsshgo           kpsshgo ALL=(root) NOPASSWD: /opt/kpssh/kpssh-shim
+//! /etc/sudoers.d/kpsshgo-env       Defaults!/opt/kpssh/kpssh-shim env_file=/etc/kpssh/shim.env
 //! sshd_config                      Match User kpsshgo / ForceCommand /opt/kpssh/kpssh-shim
 //! ```
 //!
@@ -14,6 +16,12 @@
 //! bind mount of a directory of the test, so that parallel tests (and this machine's own files)
 //! never meet. Outside the namespace only empty mount points and the sudoers drop-in remain.
 //! The login user is `kpsshgo`, whose sudo reaches exactly `/opt/kpssh/kpssh-shim`.
+//!
+//! The Go shim is configured by environment (`KPSSH_ALLOWED_SIGNERS`, `KPSSH_NAMESPACE`,
+//! `KPSSH_PRINCIPAL`), placed by provisioning. On the sudo path the root side's environment
+//! is sudo's (`env_reset` drops the login's), so provisioning places it with sudo's `env_file`:
+//! root-owned, read by sudo, and neither the SSH client nor the login user can change it
+//! (`env_keep` would let the login user pick the trust root). A missing file sets nothing.
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt as _;
@@ -71,6 +79,14 @@ pub fn ensure_go_user() -> &'static str {
         std::fs::write(drop_in, format!("{GO_USER} ALL=(root) NOPASSWD: {SHIM}\n"))
             .expect("sudoers drop-in");
         std::fs::set_permissions(drop_in, std::fs::Permissions::from_mode(0o440))
+            .expect("chmod sudoers");
+        let env_drop_in = "/etc/sudoers.d/kpsshgo-env";
+        std::fs::write(
+            env_drop_in,
+            format!("Defaults!{SHIM} env_file=/etc/kpssh/shim.env\n"),
+        )
+        .expect("sudoers env drop-in");
+        std::fs::set_permissions(env_drop_in, std::fs::Permissions::from_mode(0o440))
             .expect("chmod sudoers");
         for (_, target) in MOUNTS {
             std::fs::create_dir_all(target).expect("mount point");

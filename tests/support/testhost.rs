@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::go_layout::{GO_USER, GoLayout};
 use crate::sshd::{KeyPair, SSHD, ensure_test_user, free_port, keygen, unique_loopback};
 
 /// Units the fake machine image ships (their "binaries" live in `<root>/opt/`).
@@ -44,6 +45,11 @@ pub enum ExecMode {
     Raw,
     /// Every command goes to the real `kpssh-shim` (ForceCommand) with this `allowed_signers`.
     Verified { allowed_signers: String },
+    /// S62: laid out as the Go provider's docs describe Verified mode ([`GoLayout`]): login
+    /// [`GO_USER`], sshd's `Match` block forces `/opt/kpssh/kpssh-shim`, which escalates
+    /// through sudo; `etc` are the files of the host's `/etc/kpssh` (name, text). No session
+    /// wrapper: the command log stays empty.
+    GoLayout { etc: Vec<(String, String)> },
 }
 
 pub struct TestHost {
@@ -57,6 +63,9 @@ pub struct TestHost {
     config: PathBuf,
     sshd: Option<Child>,
     powered: bool,
+    /// The Go layout's private `/etc/kpssh`, `/opt/kpssh`, `/var/lib/kpssh` (sshd runs in
+    /// their mount namespace).
+    go: Option<GoLayout>,
 }
 
 const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -97,8 +106,20 @@ impl TestHost {
             );
         }
         let commands = root.join("var/log/commands");
+        let go = match &mode {
+            ExecMode::GoLayout { etc } => {
+                let layout = GoLayout::new(&root.join("go"), "");
+                for (name, text) in etc {
+                    layout.write_etc(name, text);
+                }
+                Some(layout)
+            }
+            _ => None,
+        };
         let run_line = match &mode {
-            ExecMode::Raw => "/bin/sh -c \"${SSH_ORIGINAL_COMMAND:-true}\"".to_string(),
+            ExecMode::Raw | ExecMode::GoLayout { .. } => {
+                "/bin/sh -c \"${SSH_ORIGINAL_COMMAND:-true}\"".to_string()
+            }
             ExecMode::Verified { allowed_signers } => {
                 std::fs::write(root.join("etc/kpssh/allowed_signers"), allowed_signers)
                     .expect("allowed_signers");
@@ -126,6 +147,11 @@ impl TestHost {
         );
         let port = free_port(&address);
         let config = root.join("ssh/sshd_config");
+        // The Go docs' Match block for their login instead of the session wrapper.
+        let force = match &go {
+            Some(_) => GoLayout::sshd_match_block(),
+            None => format!("ForceCommand {}/bin/session\n", root.display()),
+        };
         std::fs::write(
             &config,
             format!(
@@ -143,7 +169,7 @@ impl TestHost {
                  MaxStartups 100:30:200\n\
                  LoginGraceTime 30\n\
                  LogLevel VERBOSE\n\
-                 ForceCommand {root}/bin/session\n",
+                 {force}",
                 hk = host_key.private_path.display(),
                 root = root.display(),
             ),
@@ -152,8 +178,14 @@ impl TestHost {
         // Sessions log in as a non-root account whose shell reads no rc files: a power loss
         // kills sessions at any point, and a root login shell killed inside the machine's
         // real dotfiles (which every test host shares) can leave their locks behind.
-        let user = ensure_test_user();
-        chown_tree(&root, user, &root.join("ssh"));
+        // The Go layout's scripts run as root (through sudo): its files stay root's.
+        let user = if go.is_some() {
+            GO_USER
+        } else {
+            let user = ensure_test_user();
+            chown_tree(&root, user, &root.join("ssh"));
+            user
+        };
         let mut host = TestHost {
             user,
             address,
@@ -163,6 +195,7 @@ impl TestHost {
             config,
             sshd: None,
             powered: false,
+            go,
         };
         host.power_on();
         host
@@ -269,7 +302,10 @@ impl TestHost {
         let _ = std::fs::create_dir_all("/run/sshd");
         let log = self.root.join("var/log/sshd.log");
         let before = std::fs::read_to_string(&log).unwrap_or_default().len();
-        let mut cmd = Command::new(SSHD);
+        let mut cmd = match &self.go {
+            Some(layout) => layout.command(Path::new(SSHD)),
+            None => Command::new(SSHD),
+        };
         cmd.arg("-D")
             .arg("-E")
             .arg(&log)
