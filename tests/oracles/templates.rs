@@ -64,6 +64,8 @@ fn operand() -> BoxedStrategy<String> {
         Just("\"\"".to_string()),
         Just("\"x\\ty\\\"z\"".to_string()),
         Just("`r\\n`".to_string()),
+        // What html and urlquery escape: quotes, angle brackets, &, NUL, space, +, /, non-ASCII.
+        Just("\"<a href='x?q=1&b=2'>\\x00 é+/~\"".to_string()),
         Just("0".to_string()),
         Just("1".to_string()),
         Just("-2".to_string()),
@@ -94,6 +96,8 @@ fn command(depth: u32) -> BoxedStrategy<String> {
         2 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("index {x} {y}")),
         1 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("print {x} {y}")),
         1 => a.clone().prop_map(|x| format!("println {x}")),
+        2 => (prop_oneof![Just("html"), Just("urlquery")], prop::collection::vec(a.clone(), 0..3))
+            .prop_map(|(f, xs)| format!("{f} {}", xs.join(" "))),
         2 => (prop_oneof![
                 Just("\"%s\""), Just("\"%v-%d\""), Just("\"%q %%\""), Just("\"<%s|%v>\""),
             ], prop::collection::vec(a.clone(), 0..3))
@@ -114,6 +118,8 @@ fn pipeline() -> BoxedStrategy<String> {
                 Just("printf \"[%v]\"".to_string()),
                 Just("eq \"a\"".to_string()),
                 Just("index .Vars".to_string()),
+                Just("html".to_string()),
+                Just("urlquery".to_string()),
             ],
             0..2,
         ),
@@ -368,6 +374,39 @@ fn s61_templates_render_as_go_text_template() {
             .ask(&json!({"src": src, "data": data.go()}));
         if let Err(diff) = compare(&go, &src, &data) {
             prop_assert!(false, "{diff}\n  template: {src:?}\n  data: {data:?}\n  go: {go:?}");
+        }
+    });
+}
+
+/// `html` and `urlquery` on arbitrary text (NUL, quotes, `<>&`, spaces, `+%/~`, non-ASCII) and
+/// on mixed arguments (nil, numbers, several strings), against Go's escapers.
+#[test]
+fn s61_html_and_urlquery_escape_as_go() {
+    let oracle = Mutex::new(Oracle::start("template"));
+    let config = ProptestConfig {
+        cases: cases(),
+        ..ProptestConfig::default()
+    };
+    let text = || "[\\x00 a-zA-Z0-9<>&'\"+%/~.?=é\u{2028}\u{fffd}-]{0,12}";
+    let src = "{{html .NodeName}}|{{urlquery .NodeName}}|{{html .NodeName .HostAddress 1 nil}}|\
+               {{urlquery 1 2 .HostAddress nil}}|{{.HostAddress | html}}|{{.NodeName | urlquery}}|\
+               {{html}}{{urlquery}}|{{html .Vars.k1}}|{{urlquery .Secrets.s1 .Vars}}";
+    proptest!(config, |(name in text(), host in text(), k1 in text(), s1 in text())| {
+        let mut fields: [String; 9] = Default::default();
+        fields[3] = name;
+        fields[7] = host;
+        let data = Data {
+            fields,
+            vars: Some(BTreeMap::from([("k1".to_string(), k1)])),
+            secrets: Some(BTreeMap::from([("s1".to_string(), s1)])),
+        };
+        let go: Answer = oracle
+            .lock()
+            .unwrap()
+            .ask(&json!({"src": src, "data": data.go()}));
+        prop_assert!(go.output.is_some(), "Go renders: {go:?}");
+        if let Err(diff) = compare(&go, src, &data) {
+            prop_assert!(false, "{diff}\n  data: {data:?}");
         }
     });
 }

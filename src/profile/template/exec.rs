@@ -391,6 +391,8 @@ impl<'a> Exec<'a> {
                 Ok(cur)
             }
             "print" | "println" => Ok(Value::Str(fmt::sprint(&vals, name == "println"))),
+            "html" => Ok(Value::Str(fmt::html_escape(&fmt::eval_args(&vals)))),
+            "urlquery" => Ok(Value::Str(fmt::query_escape(&fmt::eval_args(&vals)))),
             "printf" => {
                 let Some(format) = vals.first().and_then(Value::as_str) else {
                     return Err((

@@ -108,6 +108,62 @@ pub(super) fn sprint(args: &[Value], ln: bool) -> String {
     out
 }
 
+/// text/template's `evalArgs` (the argument text of `html` and `urlquery`): one string as it
+/// is, else `fmt.Sprint` of the printable values (nil as `<no value>`, the data as a struct).
+pub(super) fn eval_args(args: &[Value]) -> String {
+    if let [v @ (Value::Str(_) | Value::Secret(_))] = args {
+        return v.as_str().unwrap_or_default().to_string();
+    }
+    let is_str = |v: &Value| matches!(v, Value::Str(_) | Value::Secret(_) | Value::Nil);
+    let mut out = String::new();
+    for (i, a) in args.iter().enumerate() {
+        if i > 0 && !is_str(a) && !is_str(&args[i - 1]) {
+            out.push(' ');
+        }
+        match a {
+            Value::Nil => out.push_str("<no value>"),
+            _ => format_arg(a, 'v', &Spec::default(), false, &mut out),
+        }
+    }
+    out
+}
+
+/// Go's `html.EscapeString` as text/template's `html` does it (`HTMLEscapeString`): `"`, `'`,
+/// `&`, `<`, `>` as entities and NUL as U+FFFD.
+pub(super) fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\0' => out.push('\u{fffd}'),
+            '"' => out.push_str("&#34;"),
+            '\'' => out.push_str("&#39;"),
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Go's `url.QueryEscape`: unreserved bytes (`A-Z a-z 0-9 - _ . ~`) stay, a space becomes `+`,
+/// every other byte `%XX`.
+pub(super) fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(char::from(b));
+            }
+            b' ' => out.push('+'),
+            b => {
+                let _ = write!(out, "%{b:02X}");
+            }
+        }
+    }
+    out
+}
+
 /// How an action prints its value (`{{ pipeline }}`): `%v`, with the data as a struct rather
 /// than a pointer and nil as `<no value>`.
 pub(super) fn action_text(v: &Value, out: &mut String) {
