@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kpssh::sim::generate::random_scenario;
 use kpssh::sim::run::{RunOptions, Summary, run_blocking};
-use kpssh::sim::scenario::Scenario;
+use kpssh::sim::scenario::{NodeIdentity, Scenario};
 use kpssh::sim::shrink::shrink;
 
 /// A small fleet under every fault at once, at rates far above any real fleet's.
@@ -190,6 +190,51 @@ fn pod_demand_campaign_holds_nodepool_limits() {
         violations.len(),
         violations.join("\n")
     );
+}
+
+/// Adopt mode (S53) under the pod-demand campaign's faults: the kubelets register as nodeadm
+/// does on EKS Hybrid, under the machine's own `mi-*` name (the same for every claim of the
+/// machine), so nothing may find a Node by its NodeClaim's name. Nodes come and go under
+/// those names only, and every invariant holds.
+#[test]
+fn nodeadm_named_nodes_hold_every_invariant() {
+    let mut scenario = Scenario::from_yaml(POOLS).expect("pools scenario");
+    for c in &mut scenario.classes {
+        c.identity = NodeIdentity::Nodeadm;
+    }
+    let opts = RunOptions {
+        keep_trace: true,
+        ..Default::default()
+    };
+    let (mut added, mut deleted, mut violations) = (0, 0, vec![]);
+    for seed in 1..=6 {
+        let out = run_blocking(&scenario, seed, &opts).expect("simulation runs");
+        for line in &out.trace {
+            if let Some(rest) = line.split(" api rv=").nth(1) {
+                let mut w = rest.split_whitespace().skip(1);
+                let (op, kind, name) = (w.next(), w.next(), w.next().unwrap_or_default());
+                if kind == Some("Node") {
+                    assert!(name.starts_with("mi-"), "seed {seed}: Node {name}: {line}");
+                    added += usize::from(op == Some("A"));
+                    deleted += usize::from(op == Some("D"));
+                }
+            }
+        }
+        violations.extend((out.summary.invariant_violations.iter()).map(|v| {
+            format!(
+                "seed {seed}: {} at {}s: {}",
+                v.invariant, v.at_seconds, v.message
+            )
+        }));
+    }
+    say(&format!(
+        "nodeadm names: {added} Node writes, {deleted} deletions over 6 seeds"
+    ));
+    assert!(
+        added > 20 && deleted > 3,
+        "Nodes registered and went: {added}, {deleted}"
+    );
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
 
 /// Seeds past the CI range that found actor-core bugs, fixed since: a NodeClaim force-deleted

@@ -9,6 +9,8 @@ mod apply;
 mod controlplane;
 #[path = "support/helm.rs"]
 mod helm;
+#[path = "chart/network_policy.rs"]
+mod network_policy;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -28,6 +30,8 @@ const ALL_ON: &[&str] = &[
     "serviceMonitor.enabled=true",
     "prometheusRule.enabled=true",
     "networkPolicy.enabled=true",
+    "networkPolicy.sshCIDRs={10.20.0.0/16,192.0.2.7/32}",
+    "networkPolicy.apiServerCIDRs={172.18.0.2/32}",
     "podDisruptionBudget.enabled=true",
     "dashboard.enabled=true",
 ];
@@ -294,6 +298,11 @@ fn rbac_is_least_privilege() {
     assert_eq!(
         verbs_for("karpenter.sh", "nodepools"),
         set(&["get", "list", "watch"])
+    );
+    // NodePool status: the Ready, ValidationSucceeded and NodeClassReady conditions.
+    assert_eq!(
+        verbs_for("karpenter.sh", "nodepools/status"),
+        set(&["get", "update", "patch"])
     );
     assert_eq!(
         verbs_for("karpenter.sh", "nodeclaims"),

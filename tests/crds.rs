@@ -220,18 +220,163 @@ fn chart_crds_equal_generated_output() {
     );
 }
 
+/// Every field of `value` has a place in `schema` (else the API server would prune it
+/// silently: kpssh would lose what it wrote); the path of each one that has none.
+fn unknown_fields(value: &Value, schema: &Value, path: &str, out: &mut Vec<String>) {
+    if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                // `metadata` is `type: object` without properties: the API server's own.
+                if path.is_empty() && k == "metadata" {
+                    continue;
+                }
+                let sub = schema
+                    .pointer(&format!(
+                        "/properties/{}",
+                        k.replace('~', "~0").replace('/', "~1")
+                    ))
+                    .or_else(|| schema.get("additionalProperties"));
+                match sub {
+                    Some(sub) => unknown_fields(v, sub, &format!("{path}.{k}"), out),
+                    None => out.push(format!("{path}.{k}")),
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                match schema.get("items") {
+                    Some(sub) => unknown_fields(v, sub, &format!("{path}[{i}]"), out),
+                    None => out.push(format!("{path}[{i}]")),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn karpenter_schema(name: &str) -> Value {
+    let found = crds::karpenter_crds()
+        .into_iter()
+        .find(|c| c.metadata.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("{name}"));
+    schema(&serde_json::to_value(found).expect("serializes")).clone()
+}
+
+/// `kpssh crds --karpenter` is upstream's NodePool and NodeClaim, with upstream's validation
+/// (the oracle tier compares them with the module's files byte for byte).
 #[test]
-fn karpenter_crds_are_generated_and_preserve_unknown_fields() {
+fn karpenter_crds_are_upstreams_with_their_validation() {
     let all = crds::karpenter_crds();
     let names: Vec<_> = all.iter().filter_map(|c| c.metadata.name.clone()).collect();
     assert_eq!(names, ["nodepools.karpenter.sh", "nodeclaims.karpenter.sh"]);
-    for c in all {
-        let v = serde_json::to_value(c).expect("serializes");
-        assert_eq!(at(&v, "/spec/scope"), "Cluster");
-        let spec = at(schema(&v), "/properties/spec");
-        assert_eq!(
-            spec.get("x-kubernetes-preserve-unknown-fields"),
-            Some(&Value::Bool(true))
+    let np = karpenter_schema("nodepools.karpenter.sh");
+    let tmpl = "/properties/spec/properties/template/properties/spec/properties";
+    assert_eq!(
+        at(&np, &format!("{tmpl}/expireAfter/pattern")),
+        "^(([0-9]+(s|m|h))+|Never)$"
+    );
+    assert_eq!(at(&np, &format!("{tmpl}/expireAfter/default")), "720h");
+    assert_eq!(
+        at(
+            &np,
+            "/properties/spec/properties/disruption/properties/consolidateAfter/pattern"
+        ),
+        "^(([0-9]+(s|m|h))+|Never)$"
+    );
+    let ops = at(
+        &np,
+        &format!("{tmpl}/requirements/items/properties/operator/enum"),
+    );
+    assert_eq!(ops.as_array().map(Vec::len), Some(8), "{ops}");
+    assert!(!rules(at(&np, &format!("{tmpl}/requirements"))).is_empty());
+    for c in crds::karpenter_crds() {
+        let v = serde_json::to_value(&c).expect("serializes");
+        assert!(
+            v.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec/x-kubernetes-preserve-unknown-fields")
+                .is_none(),
+            "{names:?}: the spec is validated, not passed through"
         );
     }
+    let printed = std::process::Command::new(env!("CARGO_BIN_EXE_kpssh"))
+        .args(["crds", "--karpenter"])
+        .output()
+        .expect("kpssh crds --karpenter");
+    assert!(printed.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&printed.stdout),
+        crds::karpenter_crds_yaml()
+    );
+}
+
+/// Everything kpssh writes to a NodePool or NodeClaim (every field its types model, filled
+/// in) has a place in upstream's schema: nothing kpssh relies on is pruned by the API server.
+#[test]
+fn every_field_kpssh_writes_is_in_upstreams_schema() {
+    let pool: kpssh::api::NodePool = serde_yaml::from_str(
+        r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: p}
+spec:
+  weight: 10
+  limits: {cpu: "64", memory: 256Gi}
+  disruption:
+    consolidationPolicy: WhenEmpty
+    consolidateAfter: 5m
+    budgets: [{nodes: "10%", schedule: "@daily", duration: 1h, reasons: [Empty]}]
+  template:
+    metadata: {labels: {team: a}, annotations: {note: b}}
+    spec:
+      nodeClassRef: {group: karpenter.dklesev.github.io, kind: SSHNodeClass, name: c}
+      requirements: [{key: kubernetes.io/arch, operator: In, values: [amd64], minValues: 1}]
+      taints: [{key: dedicated, value: a, effect: NoSchedule}]
+      startupTaints: [{key: starting, effect: NoExecute}]
+      expireAfter: 720h
+      terminationGracePeriod: 48h
+status:
+  resources: {cpu: "8"}
+  conditions:
+  - {type: Ready, status: "True", reason: Ready, message: "", lastTransitionTime: "2026-01-01T00:00:00Z"}
+"#,
+    )
+    .expect("pool");
+    let mut out = vec![];
+    unknown_fields(
+        &serde_json::to_value(&pool).expect("json"),
+        &karpenter_schema("nodepools.karpenter.sh"),
+        "",
+        &mut out,
+    );
+    assert!(out.is_empty(), "NodePool fields upstream prunes: {out:?}");
+
+    let claim = kpssh::karpenter::provisioning::build_claim(
+        &pool,
+        "p-abcde",
+        &kpssh::karpenter::provisioning::NewClaim {
+            pool: "p".into(),
+            instance_type: "c8-m32".into(),
+            requests: [("cpu".to_string(), 2000), ("memory".to_string(), 1 << 40)].into(),
+            pods: vec![],
+        },
+    );
+    let mut claim = serde_json::to_value(&claim).expect("json");
+    claim["status"] = serde_json::json!({
+        "nodeName": "n", "providerID": "kpssh://ns/h", "imageID": "i",
+        "capacity": {"cpu": "8"}, "allocatable": {"cpu": "7"},
+        "lastPodEventTime": "2026-01-01T00:00:00Z",
+        "conditions": [{"type": "Registered", "status": "Unknown", "reason": "AwaitingNode",
+            "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    });
+    let typed: kpssh::api::NodeClaim = serde_json::from_value(claim).expect("claim");
+    let mut out = vec![];
+    unknown_fields(
+        &serde_json::to_value(&typed).expect("json"),
+        &karpenter_schema("nodeclaims.karpenter.sh"),
+        "",
+        &mut out,
+    );
+    assert!(out.is_empty(), "NodeClaim fields upstream prunes: {out:?}");
 }

@@ -1,7 +1,8 @@
-//! The generated `karpenter.sh/v1` CRDs (`kpssh crds --karpenter`) against a real
-//! kube-apiserver: durations the controller cannot parse (`consolidateAfter: 5min`,
-//! `expireAfter: 30d`) and unknown operators are rejected at admission with 422 Invalid, as
-//! upstream's CRDs reject them, instead of being misread as 0 or "never" later.
+//! The `karpenter.sh/v1` CRDs kpssh prints (`kpssh crds --karpenter`, upstream's own) against a
+//! real kube-apiserver: durations the controller cannot parse (`consolidateAfter: 5min`,
+//! `expireAfter: 30d`), unknown operators and upstream's CEL rules are rejected at admission
+//! with 422 Invalid instead of being misread as 0 or "never" later; and what kpssh writes
+//! (a NodeClaim built from a NodePool, its status) is admitted and read back unchanged.
 
 #[path = "support/controlplane.rs"]
 mod controlplane;
@@ -12,13 +13,29 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
+/// A valid NodePool (upstream's required `requirements` and `consolidateAfter` filled in)
+/// with `disruption` and `template_spec` merged over it; a `null` removes a key.
 fn nodepool(name: &str, disruption: Value, template_spec: Value) -> DynamicObject {
     let mut spec = json!({
         "nodeClassRef": {"group": "karpenter.dklesev.github.io", "kind": "SSHNodeClass", "name": "c"},
+        "requirements": [],
     });
-    if let (Some(s), Some(extra)) = (spec.as_object_mut(), template_spec.as_object()) {
-        s.extend(extra.clone());
+    let mut disruption_base = json!({"consolidateAfter": "0s"});
+    for (base, over) in [
+        (&mut spec, &template_spec),
+        (&mut disruption_base, &disruption),
+    ] {
+        if let (Some(b), Some(o)) = (base.as_object_mut(), over.as_object()) {
+            for (k, v) in o {
+                if v.is_null() {
+                    b.remove(k);
+                } else {
+                    b.insert(k.clone(), v.clone());
+                }
+            }
+        }
     }
+    let disruption = disruption_base;
     serde_json::from_value(json!({
         "apiVersion": "karpenter.sh/v1",
         "kind": "NodePool",
@@ -61,6 +78,13 @@ async fn karpenter_crds_reject_unparsable_durations_and_operators_at_admission()
         json!({"expireAfter": "Never"}),
     );
     create(&api, &never).await.expect("Never is accepted");
+    // Karpenter's own operators beyond the scheduler's.
+    let gte = nodepool(
+        "ka-gte",
+        json!({"consolidateAfter": "0s"}),
+        json!({"requirements": [{"key": "cores", "operator": "Gte", "values": ["4"]}]}),
+    );
+    create(&api, &gte).await.expect("Gte is accepted");
 
     let cases = [
         (
@@ -99,6 +123,25 @@ async fn karpenter_crds_reject_unparsable_durations_and_operators_at_admission()
             json!({}),
             "nodes",
         ),
+        // Upstream's CEL rules, which a schema of patterns alone did not have.
+        (
+            "ka-in-empty",
+            json!({}),
+            json!({"requirements": [{"key": "k", "operator": "In", "values": []}]}),
+            "must have a value defined",
+        ),
+        (
+            "ka-restricted",
+            json!({}),
+            json!({"requirements": [{"key": "karpenter.sh/custom", "operator": "Exists"}]}),
+            "restricted",
+        ),
+        (
+            "ka-no-after",
+            json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": null}),
+            json!({}),
+            "consolidateAfter",
+        ),
     ];
     for (name, disruption, template, field) in cases {
         let err = create(&api, &nodepool(name, disruption, template))
@@ -106,4 +149,101 @@ async fn karpenter_crds_reject_unparsable_durations_and_operators_at_admission()
             .expect_err(name);
         assert!(err.contains(field), "{name}: {err}");
     }
+}
+
+/// What kpssh writes passes upstream's schema and comes back as written: the shipped example
+/// NodePool, a NodeClaim built from it as provisioning builds one, and a NodeClaim status as
+/// the lifecycle writes it (nothing pruned, nothing refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_kpssh_writes_is_admitted_and_read_back_unchanged() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kpssh::api::{NodeClaim, NodeClaimStatus, NodePool};
+    use kpssh::k8s::{Cluster, KubeCluster};
+    use kpssh::karpenter::provisioning::{NewClaim, build_claim};
+
+    let cp = ControlPlane::shared();
+    cp.install_crds(&crds::karpenter_crds_yaml()).await;
+    let cluster = KubeCluster::new(cp.client().await);
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/nodepool.yaml"
+    ))
+    .expect("examples/nodepool.yaml");
+    let mut pool: NodePool = serde_yaml::from_str(&text).expect("example NodePool");
+    pool.metadata.name = Some("ka-roundtrip".into());
+    let pool = cluster
+        .create(&pool)
+        .await
+        .expect("example NodePool admitted");
+    let built = build_claim(
+        &pool,
+        "ka-roundtrip-x1y2z",
+        &NewClaim {
+            pool: "ka-roundtrip".into(),
+            instance_type: "c8-m32".into(),
+            requests: [
+                ("cpu".to_string(), 1500),
+                ("memory".to_string(), 2 * 1024 * 1024 * 1024 * 1000),
+                ("pods".to_string(), 3000),
+            ]
+            .into(),
+            pods: vec![],
+        },
+    );
+    let created = cluster
+        .create(&built)
+        .await
+        .expect("built NodeClaim admitted");
+    assert_eq!(created.spec, built.spec, "the API server changed the spec");
+    assert_eq!(created.metadata.labels, built.metadata.labels);
+
+    let at = Time(jiff::Timestamp::from_second(1_780_000_000).expect("time"));
+    let cond = |t: &str, s: &str, r: &str, m: &str| Condition {
+        type_: t.into(),
+        status: s.into(),
+        reason: r.into(),
+        message: m.into(),
+        observed_generation: None,
+        last_transition_time: at.clone(),
+    };
+    let mut with_status = created.clone();
+    with_status.status = Some(NodeClaimStatus {
+        node_name: Some("node-7".into()),
+        provider_id: Some("kpssh://kpssh-system/node-7".into()),
+        image_id: Some("tls-bootstrap@1".into()),
+        capacity: [("cpu".to_string(), Quantity("8".into()))].into(),
+        allocatable: [("cpu".to_string(), Quantity("7920m".into()))].into(),
+        conditions: vec![
+            cond("Launched", "True", "Launched", ""),
+            cond(
+                "Registered",
+                "Unknown",
+                "AwaitingNode",
+                "waiting for Node node-7 until 2026-05-28T20:00:00Z",
+            ),
+            cond(
+                "Ready",
+                "False",
+                "NotReady",
+                "not launched, registered and initialized yet",
+            ),
+        ],
+        last_pod_event_time: Some(at.clone()),
+        ..Default::default()
+    });
+    let written = cluster
+        .replace_status(&with_status)
+        .await
+        .expect("status admitted");
+    let read: NodeClaim = cluster
+        .get(None, "ka-roundtrip-x1y2z")
+        .await
+        .expect("get")
+        .expect("there");
+    assert_eq!(
+        read.status, with_status.status,
+        "the API server pruned status"
+    );
+    assert_eq!(written.status, with_status.status);
 }

@@ -38,6 +38,7 @@ struct Candidate {
 impl Candidate {
     fn start(cp: &ControlPlane, dir: &Path, name: &'static str) -> Candidate {
         let addr = format!("127.0.0.1:{}", free_port());
+        let health = format!("127.0.0.1:{}", free_port());
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kpssh"));
@@ -47,6 +48,10 @@ impl Candidate {
             NS,
             "--metrics-addr",
             &addr,
+            // Health has its own listener (:8081 by default, as the Go provider's); two
+            // controllers on one machine need their own.
+            "--health-addr",
+            &health,
             "--probe-interval",
             "5s",
             "--shutdown-grace",

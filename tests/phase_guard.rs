@@ -6,7 +6,8 @@
 //!   controller's `signal` request for root sessions, and the shim does not notice its channel
 //!   closing). The shim holds the host's phase lock while a phase runs.
 //! - Raw: the preamble takes the host's phase lock; a timed-out phase is killed through the
-//!   transport's run marker, after which the next phase runs.
+//!   transport's run marker, after which the next phase runs. The script is read whole
+//!   before it runs, so a command reading stdin cannot swallow the rest of it.
 
 #[path = "support/sshd.rs"]
 mod sshd;
@@ -432,4 +433,127 @@ async fn only_the_shim_and_its_watchdog_hold_the_phase_lock() {
         .filter(|(_, comm)| comm == "sleep")
         .collect();
     assert!(left.is_empty(), "sleeps left holding the lock: {left:?}");
+}
+
+/// #23: Raw mode under `bash -s` on a real host. A command of the script that reads stdin
+/// (`cat`, `read`, `head`, an installer asking a question) gets end-of-file and cannot swallow
+/// the rest of the script: every line runs, in order, and the phase's exit status is the
+/// script's (before, `cat` ate the lines after it and the phase "succeeded" half-run).
+#[tokio::test]
+async fn raw_script_reading_stdin_runs_whole() {
+    let sshd = Sshd::start();
+    let key = keygen(sshd.dir.path(), "client", "ed25519", None);
+    sshd.authorize(&key.public);
+    let t = transport();
+    let tg = target(&sshd, &key);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let lock = PhaseLock {
+        path: dir.path().join("phase.lock").to_string_lossy().into_owned(),
+        wait_secs: 5,
+    };
+    let script = format!(
+        "echo one >> '{log}'\n\
+         seen=$(cat)\n\
+         echo \"two [$seen]\" >> '{log}'\n\
+         read -r line || line=eof\n\
+         echo \"three [$line]\" >> '{log}'\n\
+         head -c 16 >/dev/null\n\
+         echo four >> '{log}'\n\
+         exit 5\n",
+        log = log.display()
+    );
+    let plan = build_raw_plan(&Env::new(), script.as_bytes(), "root", &lock).expect("plan");
+    let out = t
+        .exec(
+            &tg,
+            RemoteCommand::new(plan.command, Duration::from_secs(20)).with_stdin(plan.stdin),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        "one\ntwo []\nthree [eof]\nfour\n",
+        "the whole script ran, its stdin empty: {}",
+        stderr(&out)
+    );
+    assert_eq!(out.exit_status, 5, "the script's own exit status");
+}
+
+/// #23 (found by tests/parsers.rs): the watchdog's nap never holds the host's phase lock. A
+/// TERM that lands between the watchdog starting its `sleep` and recording its pid (a script
+/// that ends at once) leaves that `sleep` behind; holding the lock's fd, it made every later
+/// phase on the host wait half its timeout and fail (exit 8) for as long as the timeout. While
+/// a phase runs, only the shim and its watchdog shell may hold the lock.
+#[test]
+fn the_watchdogs_sleep_never_holds_the_phase_lock() {
+    let host = VerifiedHost::start();
+    let run = host.command(Phase::Join, "sleep 3\n", Duration::from_secs(40));
+    let lock = host.dir.join("state").join("phase.lock");
+    let mut child = Command::new("/bin/sh")
+        .arg(shim())
+        .arg("--allowed-signers")
+        .arg(host.dir.join("allowed_signers"))
+        .arg("--state-dir")
+        .arg(host.dir.join("state"))
+        .env("TMPDIR", host.dir.join("tmp"))
+        .env("SSH_ORIGINAL_COMMAND", &run.command)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("shim");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&run.stdin)
+        .expect("envelope");
+    // The script is sleeping now; look at who holds the lock file.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let holders = loop {
+        let holders = holders_of(&lock);
+        if holders.len() >= 2 || Instant::now() > deadline {
+            break holders;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().expect("shim");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!holders.is_empty(), "the running phase holds the lock");
+    for (pid, cmd) in &holders {
+        assert!(
+            !cmd.starts_with("sleep"),
+            "process {pid} ({cmd}) holds the phase lock: {holders:?}"
+        );
+    }
+}
+
+/// Processes with `path` open: (pid, command line).
+fn holders_of(path: &Path) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+        {
+            let cmd = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            found.push((pid, cmd.trim().to_string()));
+        }
+    }
+    found
 }

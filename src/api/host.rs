@@ -151,6 +151,28 @@ pub struct SSHHostStatus {
     /// `until`. Cleared by a launch whose Node registered, or by a spec or key Secret change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_backoff: Option<LaunchBackoff>,
+    /// A Node this host backed whose claim ended while its kubelet may still run (a release
+    /// whose leave failed, a claim that vanished): kpssh deletes it, dropping its
+    /// `karpenter.sh/termination` finalizer, once a probe shows the kubelet stopped, and the
+    /// zombie guard counts it as this host's. Cleared when the Node is gone. Kept here rather
+    /// than in memory so that a controller restart cannot leave the Node wedged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphan_node: Option<OrphanNode>,
+}
+
+/// The Node a host backed after its claim ended ([`SSHHostStatus::orphan_node`]).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct OrphanNode {
+    /// The Node's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The Node's `spec.providerID` when it was recorded: a Node of that name with another
+    /// provider ID is another machine's and is never touched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "providerID")]
+    #[schemars(length(max = 512))]
+    pub provider_id: Option<String>,
 }
 
 /// A launch that failed, as the host's status records it (S64). Never holds secret values:

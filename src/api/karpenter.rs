@@ -1,15 +1,15 @@
 //! The parts of Karpenter's `karpenter.sh/v1` NodePool and NodeClaim that kpssh uses.
 //!
 //! Fields kpssh does not model are kept in `extra` so a read-modify-write never drops them.
-//! The generated CRDs are only for clusters without Karpenter's own (and for tests): they
-//! preserve unknown fields rather than restating Karpenter's full schema.
+//! The schema is upstream's own (`src/api/upstream/`, what `kpssh crds --karpenter` prints), not
+//! derived from these types; `tests/crds.rs` checks that everything kpssh writes is in it.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{CustomResource, KubeSchema};
+use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -28,27 +28,23 @@ pub const OS_LABEL: &str = "kubernetes.io/os";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// NodeClaim: a request for one node, fulfilled by claiming one host.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "karpenter.sh",
     version = "v1",
     kind = "NodeClaim",
     plural = "nodeclaims",
     status = "NodeClaimStatus",
-    category = "karpenter",
-    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".metadata.labels.node\\.kubernetes\\.io/instance-type"}"#,
-    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.nodeName"}"#,
-    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    schema = "disabled"
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct NodeClaimSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub startup_taints: Vec<Taint>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Required by upstream's schema (an empty list is written as `[]`).
+    #[serde(default)]
     pub requirements: Vec<NodeSelectorRequirement>,
     #[serde(default)]
     pub resources: ResourceRequests,
@@ -56,19 +52,15 @@ pub struct NodeClaimSpec {
     /// Upstream's pattern: a Go duration of s/m/h units, or `Never` (`30d`, `5min` are
     /// rejected at admission rather than misread).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(([0-9]+(s|m|h))+|Never)$"))]
     pub expire_after: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(s|m|h))+$"))]
     pub termination_grace_period: Option<String>,
     #[serde(flatten)]
-    #[schemars(skip)]
     pub extra: BTreeMap<String, Value>,
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct NodeClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
@@ -89,18 +81,15 @@ pub struct NodeClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_pod_event_time: Option<Time>,
     #[serde(flatten)]
-    #[schemars(skip)]
     pub extra: BTreeMap<String, Value>,
 }
 
 /// A node selector requirement with Karpenter's optional `minValues`.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSelectorRequirement {
-    #[schemars(length(max = 316))]
     pub key: String,
     /// Upstream's operators; anything else is rejected at admission.
-    #[schemars(extend("enum" = ["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]))]
     pub operator: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<String>,
@@ -108,13 +97,13 @@ pub struct NodeSelectorRequirement {
     pub min_values: Option<i32>,
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct ResourceRequests {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub requests: BTreeMap<String, Quantity>,
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct NodeClassRef {
     pub group: String,
     pub kind: String,
@@ -143,53 +132,46 @@ impl NodeClaim {
 }
 
 /// NodePool: a template for NodeClaims plus limits and disruption rules.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[kube(
     group = "karpenter.sh",
     version = "v1",
     kind = "NodePool",
     plural = "nodepools",
     status = "NodePoolStatus",
-    category = "karpenter",
-    printcolumn = r#"{"name":"NodeClass","type":"string","jsonPath":".spec.template.spec.nodeClassRef.name"}"#,
-    printcolumn = r#"{"name":"Weight","type":"integer","jsonPath":".spec.weight"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    schema = "disabled"
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct NodePoolSpec {
     pub template: NodeClaimTemplate,
-    #[serde(default)]
+    /// Left out when unset, so the API server applies upstream's default
+    /// (`consolidateAfter: 0s`); a written `disruption: {}` would lack the required
+    /// `consolidateAfter`.
+    #[serde(default, skip_serializing_if = "Disruption::is_unset")]
     pub disruption: Disruption,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, Quantity>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i32>,
     #[serde(flatten)]
-    #[schemars(skip)]
     pub extra: BTreeMap<String, Value>,
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct NodeClaimTemplate {
     #[serde(default)]
     pub metadata: TemplateMetadata,
     pub spec: NodeClaimTemplateSpec,
 }
 
-// Labels and annotations of a NodePool's template. Absent and empty (`{}`) are kept apart:
-// Karpenter core's NodePool hash tells a nil map from an empty one, and so must kpssh's, or a
-// NodeClaim core stamped would look drifted (crate::karpenter::nodepool_hash). (Not a doc
-// comment: it would become the CRD's description.)
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+/// Labels and annotations of a NodePool's template. Absent and empty (`{}`) are kept apart:
+/// Karpenter core's NodePool hash tells a nil map from an empty one, and so must kpssh's, or a
+/// NodeClaim core stamped would look drifted (crate::karpenter::nodepool_hash).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct TemplateMetadata {
-    // The schema is core's (not nullable); only the Rust side keeps absent apart from empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "BTreeMap<String, String>")]
     pub labels: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "BTreeMap<String, String>")]
     pub annotations: Option<BTreeMap<String, String>>,
 }
 
@@ -207,30 +189,25 @@ impl TemplateMetadata {
     }
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct NodeClaimTemplateSpec {
     // Absent and `[]` differ in core's hash, as for TemplateMetadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Vec<Taint>")]
     pub taints: Option<Vec<Taint>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Vec<Taint>")]
     pub startup_taints: Option<Vec<Taint>>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Required by upstream's schema (an empty list is written as `[]`).
+    #[serde(default)]
     pub requirements: Vec<NodeSelectorRequirement>,
     pub node_class_ref: NodeClassRef,
     /// Upstream's pattern: a Go duration of s/m/h units, or `Never` (`30d`, `5min` are
     /// rejected at admission rather than misread).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(([0-9]+(s|m|h))+|Never)$"))]
     pub expire_after: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(s|m|h))+$"))]
     pub termination_grace_period: Option<String>,
     #[serde(flatten)]
-    #[schemars(skip)]
     pub extra: BTreeMap<String, Value>,
 }
 
@@ -246,46 +223,47 @@ impl NodeClaimTemplateSpec {
     }
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Disruption {
-    /// `WhenEmpty` or `WhenEmptyOrUnderutilized` (Karpenter's default).
+    /// `WhenEmpty`, `WhenEmptyOrUnderutilized` (Karpenter's default) or `Balanced` (kpssh
+    /// consolidates only empty nodes of a `Balanced` pool; docs/concepts.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("enum" = ["WhenEmpty", "WhenEmptyOrUnderutilized"]))]
     pub consolidation_policy: Option<String>,
     /// Duration string (s/m/h units) or `Never`, upstream's pattern.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(([0-9]+(s|m|h))+|Never)$"))]
     pub consolidate_after: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<Budget>,
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct Budget {
     /// A count (`"5"`) or a percentage (`"10%"`).
-    #[schemars(regex(pattern = r"^((100|[0-9]{1,2})%|[0-9]+)$"))]
     pub nodes: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
     /// Hours and minutes, upstream's pattern (`1h`, `30m`, `1h30m`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^((([0-9]+(h|m))|([0-9]+h[0-9]+m))(0s)?)$"))]
     pub duration: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasons: Option<Vec<String>>,
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct NodePoolStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, Quantity>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(flatten)]
-    #[schemars(skip)]
     pub extra: BTreeMap<String, Value>,
+}
+
+impl Disruption {
+    pub fn is_unset(&self) -> bool {
+        *self == Disruption::default()
+    }
 }
 
 impl NodePool {

@@ -1,4 +1,5 @@
-//! `kpssh crds`: print the CustomResourceDefinitions generated from the Rust types.
+//! `kpssh crds`: print kpssh's CustomResourceDefinitions (generated from the Rust types), or
+//! Karpenter's `karpenter.sh/v1` ones (upstream's files, embedded unchanged).
 
 use clap::Args;
 
@@ -6,18 +7,17 @@ use crate::api::crds;
 
 #[derive(Args, Debug)]
 pub struct CrdsArgs {
-    /// Print the `karpenter.sh/v1` NodePool and NodeClaim CRDs instead of kpssh's own, for a
-    /// cluster that has no Karpenter installed.
+    /// Print Karpenter's `karpenter.sh/v1` NodePool and NodeClaim CRDs instead of kpssh's own
+    /// (upstream's, with their validation), for a cluster that has no Karpenter installed.
     #[arg(long)]
     pub karpenter: bool,
 }
 
 pub fn run(args: &CrdsArgs) -> anyhow::Result<i32> {
-    let set = if args.karpenter {
-        crds::karpenter_crds()
+    if args.karpenter {
+        print!("{}", crds::karpenter_crds_yaml());
     } else {
-        crds::kpssh_crds()
-    };
-    print!("{}", crds::to_yaml(&set)?);
+        print!("{}", crds::to_yaml(&crds::kpssh_crds())?);
+    }
     Ok(0)
 }

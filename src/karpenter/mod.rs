@@ -10,6 +10,8 @@ pub mod disruption;
 pub mod hash_sync;
 pub mod lifecycle;
 pub mod nodepool_hash;
+pub mod nodepool_status;
+pub mod nodepool_validation;
 pub mod pods;
 pub mod provisioning;
 pub mod quantity;
@@ -152,6 +154,11 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
         config.clone(),
     ));
     tasks.push(termination::spawn(
+        ctx.clone(),
+        state.clone(),
+        config.clone(),
+    ));
+    tasks.push(nodepool_status::spawn(
         ctx.clone(),
         state.clone(),
         config.clone(),

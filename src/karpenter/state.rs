@@ -32,9 +32,11 @@ pub struct Inner {
     pub nodeclaims: BTreeMap<String, Arc<NodeClaim>>,
     /// Every Node (pods of ours may fit on foreign nodes), by name.
     pub nodes: BTreeMap<String, Node>,
-    /// Node name by `spec.providerID`, so that finding a launched claim's Node before its
-    /// nodeName is recorded is a lookup, not a scan of every Node.
-    nodes_by_provider: BTreeMap<String, String>,
+    /// Node names by `spec.providerID`, so that finding a launched claim's Node before its
+    /// nodeName is recorded is a lookup, not a scan of every Node. Several: a provider ID
+    /// names a machine (kpssh's `kpssh://<ns>/<host>`, or the join's under Adopt), so the
+    /// Node of an earlier claim of the machine may still be there beside the new one's.
+    nodes_by_provider: BTreeMap<String, BTreeSet<String>>,
     pub pods: BTreeMap<NsKey, Pod>,
     pub daemonsets: BTreeMap<NsKey, DaemonSet>,
     pub pdbs: BTreeMap<NsKey, PodDisruptionBudget>,
@@ -105,9 +107,27 @@ impl Inner {
             return Some(n);
         }
         let pid = status.provider_id.as_deref().filter(|p| !p.is_empty())?;
-        self.nodes_by_provider
-            .get(pid)
-            .and_then(|name| self.nodes.get(name))
+        // Of the Nodes with the claim's provider ID, the one it owns, else the one named
+        // after it, else one no claim owns; never one another claim owns (an earlier claim
+        // of the same machine whose Node is still there).
+        let uid = nc.metadata.uid.as_deref();
+        let claim = nc.metadata.name.as_deref();
+        (self.nodes_by_provider.get(pid).into_iter().flatten())
+            .filter_map(|name| {
+                let node = self.nodes.get(name)?;
+                let owner = (node.metadata.owner_references.iter().flatten())
+                    .find(|o| o.kind == "NodeClaim")
+                    .map(|o| o.uid.as_str());
+                let rank = match owner {
+                    Some(o) if Some(o) == uid => 0,
+                    Some(_) => return None,
+                    None if Some(name.as_str()) == claim => 1,
+                    None => 2,
+                };
+                Some((rank, node))
+            })
+            .min_by_key(|(rank, _)| *rank)
+            .map(|(_, node)| node)
     }
 
     /// Names of NodeClaims neither being deleted nor Registered (see `unregistered`).
@@ -427,10 +447,12 @@ fn index_claim(st: &mut Inner, nc: &NodeClaim) {
 fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
     match &c {
         Change::Reset(all) => {
-            st.nodes_by_provider = all
-                .iter()
-                .filter_map(|n| Some((provider_of(n)?.to_string(), name_of(n))))
-                .collect();
+            st.nodes_by_provider.clear();
+            for n in all {
+                if let Some(pid) = provider_of(n) {
+                    (st.nodes_by_provider.entry(pid.to_string()).or_default()).insert(name_of(n));
+                }
+            }
             st.touched_claims.extend(st.nodeclaims.keys().cloned());
         }
         // A stale event (older than what we hold) is dropped by apply_named below.
@@ -443,12 +465,15 @@ fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
                 .and_then(provider_of)
                 .map(str::to_string);
             if let Some(pid) = &old
-                && st.nodes_by_provider.get(pid) == Some(&name)
+                && let Some(names) = st.nodes_by_provider.get_mut(pid)
             {
-                st.nodes_by_provider.remove(pid);
+                names.remove(&name);
+                if names.is_empty() {
+                    st.nodes_by_provider.remove(pid);
+                }
             }
             if let (Change::Upsert(_), Some(pid)) = (&c, provider_of(n)) {
-                st.nodes_by_provider.insert(pid.to_string(), name.clone());
+                (st.nodes_by_provider.entry(pid.to_string()).or_default()).insert(name.clone());
             }
             // The claim of this Node: named alike (Static), or by provider ID (Adopt).
             let by_pid = [old.as_deref(), provider_of(n)]
@@ -606,7 +631,7 @@ mod tests {
     use super::*;
     use crate::api::karpenter::NodeClaimStatus;
     use k8s_openapi::api::core::v1::NodeSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
     use kube::api::ObjectMeta;
 
     fn meta(name: &str, rv: u64) -> ObjectMeta {
@@ -753,12 +778,72 @@ mod tests {
         );
     }
 
+    /// A provider ID names a machine: the Node of an earlier claim of it (owned by that
+    /// claim) may still be there when the next claim's Node registers. Found by the random
+    /// campaign (Adopt mode, a controller restart): the drain of the new claim looked at the
+    /// old Node (first by name after the restart's relist), found none of the new Node's pods
+    /// and let the host go, PDB-covered pods and all.
+    #[test]
+    fn a_claim_is_never_given_the_node_another_claim_owns() {
+        let owned_by = |mut n: Node, uid: &str| {
+            n.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "karpenter.sh/v1".into(),
+                kind: "NodeClaim".into(),
+                name: "old".into(),
+                uid: uid.into(),
+                ..Default::default()
+            }]);
+            n
+        };
+        let mut new = claim("new", 1, Some("p://m"));
+        new.metadata.uid = Some("u-new".into());
+        let name =
+            |st: &Inner, nc: &NodeClaim| st.node_of(nc).and_then(|n| n.metadata.name.clone());
+        // The relist after a restart, in name order: the old claim's Node ("a-old") first.
+        for (old_node, new_node) in [("a-old", "z-new"), ("z-old", "a-new")] {
+            let mut st = Inner::default();
+            let mut all = vec![
+                owned_by(node(old_node, 2, "p://m"), "u-old"),
+                node(new_node, 3, "p://m"),
+            ];
+            all.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            apply_node(&mut st, Change::Reset(all), now());
+            assert_eq!(
+                name(&st, &new),
+                Some(new_node.to_string()),
+                "unowned, not the old"
+            );
+            // Owned by the claim: preferred over one named after it.
+            apply_node(&mut st, Change::Upsert(node("new", 4, "p://m")), now());
+            assert_eq!(
+                name(&st, &new),
+                Some("new".to_string()),
+                "named after the claim"
+            );
+            let mine = owned_by(node(new_node, 5, "p://m"), "u-new");
+            apply_node(&mut st, Change::Upsert(mine), now());
+            assert_eq!(
+                name(&st, &new),
+                Some(new_node.to_string()),
+                "owned by the claim"
+            );
+            // Only the old claim's Node left: the new claim has none.
+            for gone in ["new", new_node] {
+                apply_node(&mut st, Change::Delete(node(gone, 6, "p://m")), now());
+            }
+            assert_eq!(name(&st, &new), None);
+        }
+    }
+
     #[test]
     fn a_stale_node_event_leaves_the_provider_index_alone() {
         let mut st = Inner::default();
         apply_node(&mut st, Change::Upsert(node("n", 5, "p://new")), now());
         apply_node(&mut st, Change::Upsert(node("n", 4, "p://old")), now());
-        assert_eq!(st.nodes_by_provider.get("p://new"), Some(&"n".to_string()));
+        assert_eq!(
+            st.nodes_by_provider.get("p://new"),
+            Some(&BTreeSet::from(["n".to_string()]))
+        );
         assert!(!st.nodes_by_provider.contains_key("p://old"));
         apply_node(&mut st, Change::Delete(node("n", 6, "p://new")), now());
         assert!(

@@ -1,6 +1,7 @@
 //! Random scenarios (`kpssh sim --random-scenario SEED`, the random campaign): a whole
 //! scenario drawn from one seed — host classes (count, size, arch, latency, failure and hang
-//! rates, bad leaves), node and pod demand of every shape (steady, diurnal, bursts, CSV-like
+//! rates, bad leaves, MemTotal short of the nominal memory by a per-host amount, node
+//! identity: Static, Adopt, or Adopt with nodeadm's `mi-*` names), node and pod demand of every shape (steady, diurnal, bursts, CSV-like
 //! series with spikes above supply and to zero), NodePools with any mix of cpu, memory and
 //! nodes limits, consolidateAfter, terminationGracePeriod and expireAfter, PodDisruptionBudgets
 //! and do-not-disrupt pods, node repair on or off, every fault kind (partitions too) at rates
@@ -19,8 +20,8 @@ use rand_chacha::ChaCha8Rng;
 
 use super::scenario::{
     Bursts, ControllerLimits, Demand, Diurnal, Faults, HostClass, HostFault, IntOrPercent,
-    LatencySpec, Partition, PhaseLatencies, PhaseProbabilities, Rate, Scenario, SimNodePool,
-    SimPdb, SlowHandshake,
+    LatencySpec, NodeIdentity, Partition, PhaseLatencies, PhaseProbabilities, Rate, Scenario,
+    SimNodePool, SimPdb, SlowHandshake,
 };
 
 /// Separates the generator's stream from the run's, which is seeded with the same number.
@@ -78,6 +79,34 @@ pub fn random_scenario(seed: u64) -> Scenario {
             duration: d.dur(1200, 2700),
         });
         duration = 3600;
+    }
+    // Drawn last, so that adding it left every earlier draw of a seed as it was.
+    let mut classes = classes;
+    for c in &mut classes {
+        c.identity = *d.pick(&[
+            NodeIdentity::Static,
+            NodeIdentity::Static,
+            NodeIdentity::Adopt,
+            NodeIdentity::Nodeadm,
+        ]);
+    }
+    // MemTotal short of the nominal size, per host (drawn last too), and memory limits that
+    // are no multiple of a host: by its smallest hosts a pool may fit one node more than by
+    // its largest.
+    for c in &mut classes {
+        if d.chance(0.5) {
+            c.memory_spread_mib = c.memory_gib * 1024 * d.int(1, 8) / 100;
+        }
+    }
+    for p in &mut node_pools {
+        let Some(c) = classes.iter().find(|c| c.name == p.class) else {
+            continue;
+        };
+        if c.memory_spread_mib > 0 && d.chance(0.5) {
+            let nodes = d.int(1, c.count as u32);
+            let limit = nodes * c.memory_gib * 1024 - d.int(0, nodes * c.memory_spread_mib);
+            p.limits.insert("memory".into(), format!("{limit}Mi"));
+        }
     }
     Scenario {
         name: format!("random-{seed}"),
@@ -169,6 +198,8 @@ impl Draw {
             failure: self.probabilities(0.4, 0.2),
             hang: self.probabilities(0.6, 0.05),
             bad_leave_fraction: self.rate(0.5, 0.05, 0.6),
+            memory_spread_mib: 0,
+            identity: NodeIdentity::Static,
         }
     }
 
@@ -363,6 +394,21 @@ mod tests {
         let all: Vec<Scenario> = (0..300).map(random_scenario).collect();
         let any = |f: &dyn Fn(&Scenario) -> bool| all.iter().any(f);
         assert!(any(&|s| s.classes.iter().any(|c| c.arch == "arm64")));
+        // Memory limits below a multiple of a host over hosts of slightly different memory.
+        assert!(any(&|s| s.node_pools.iter().any(|p| {
+            let c = s.classes.iter().find(|c| c.name == p.class);
+            let spread = c.map_or(0, |c| c.memory_spread_mib);
+            let odd = |mi: u32| c.is_some_and(|c| !mi.is_multiple_of(c.memory_gib * 1024));
+            spread > 0
+                && (p.limits.get("memory"))
+                    .and_then(|m| m.strip_suffix("Mi")?.parse().ok())
+                    .is_some_and(odd)
+        })));
+        for identity in [NodeIdentity::Adopt, NodeIdentity::Nodeadm] {
+            assert!(any(&|s| s.node_pools.iter().any(|p| {
+                (s.classes.iter()).any(|c| c.name == p.class && c.identity == identity)
+            })));
+        }
         assert!(any(&|s| s.demand.iter().any(|d| d.series.is_some())));
         assert!(any(&|s| s.demand.iter().any(|d| d.diurnal.is_some())));
         assert!(any(&|s| s.demand.iter().any(|d| d.bursts.is_some())));

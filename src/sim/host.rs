@@ -207,8 +207,26 @@ impl SimHost {
         self.powered && self.kubelet_active
     }
 
-    /// The Node name the kubelet runs as, if it runs.
-    pub fn kubelet_node(&self) -> Option<&str> {
+    /// The Node name the kubelet runs as, if it runs: the NodeClaim's, or with nodeadm's
+    /// naming the machine's own (`super::kubelet::node_name`).
+    pub fn kubelet_node(&self) -> Option<String> {
+        if !self.kubelet_running() {
+            return None;
+        }
+        self.kubelet_env.as_ref().map(super::kubelet::node_name)
+    }
+
+    /// Whether the kubelet runs, as Node `node` (what `kubelet_node` says, without a copy).
+    pub fn kubelet_runs_as(&self, node: &str) -> bool {
+        match (self.kubelet_claim(), &self.kubelet_env) {
+            (Some(claim), Some(env)) if !super::kubelet::names_itself(env) => claim == node,
+            (Some(_), Some(env)) => super::kubelet::node_name(env) == node,
+            _ => false,
+        }
+    }
+
+    /// The NodeClaim the running kubelet was joined for (`KPSSH_NODE_NAME`), if it runs.
+    pub fn kubelet_claim(&self) -> Option<&str> {
         if !self.kubelet_running() {
             return None;
         }

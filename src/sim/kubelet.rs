@@ -24,10 +24,16 @@ pub fn managed_instance_name(address: &str) -> String {
     format!("mi-{:017x}", u128::from(h) << 4 | u128::from(h >> 60))
 }
 
+/// Whether a kubelet started with this join environment names its Node itself (nodeadm).
+pub fn names_itself(env: &BTreeMap<String, String>) -> bool {
+    env.get(&format!("KPSSH_VAR_{REGISTER_AS_VAR}"))
+        .is_some_and(|v| v == "nodeadm")
+}
+
 /// The name the kubelet registers its Node under.
 pub fn node_name(env: &BTreeMap<String, String>) -> String {
     let get = |k: &str| env.get(k).cloned().unwrap_or_default();
-    if get(&format!("KPSSH_VAR_{REGISTER_AS_VAR}")) == "nodeadm" {
+    if names_itself(env) {
         return managed_instance_name(&get("KPSSH_NODE_ADDRESS"));
     }
     get("KPSSH_NODE_NAME")

@@ -100,6 +100,40 @@ pub struct HostClass {
     /// back: a zombie for the guard to catch).
     #[serde(default)]
     pub bad_leave_fraction: f64,
+    /// MiB by which each host's MemTotal (what the probe observes) may fall short of
+    /// `memoryGib`, drawn per host from 0 to this: real machines of one size report slightly
+    /// different memory (firmware, kernel). Each SSHHost declares `memoryGib`.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub memory_spread_mib: u32,
+    /// How the class's Nodes get their identity (its SSHNodeClass `providerIDSource`, and
+    /// the name the simulated kubelet registers under).
+    #[serde(default, skip_serializing_if = "NodeIdentity::is_static")]
+    pub identity: NodeIdentity,
+}
+
+/// A host class's node identity.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum NodeIdentity {
+    /// kpssh sets the provider ID; the kubelet registers under the NodeClaim's name.
+    #[default]
+    Static,
+    /// Adopt mode: the join mechanism sets the provider ID (kpssh adopts it by node IP); the
+    /// kubelet still registers under the NodeClaim's name.
+    Adopt,
+    /// Adopt mode with nodeadm's naming (EKS Hybrid): the kubelet registers under a
+    /// managed-instance name of the machine's own (`mi-…`), the same for every claim of it.
+    Nodeadm,
+}
+
+impl NodeIdentity {
+    pub fn is_static(&self) -> bool {
+        *self == NodeIdentity::Static
+    }
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 fn default_mem() -> u32 {

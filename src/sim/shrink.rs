@@ -1,7 +1,8 @@
 //! Shrinking a failing scenario: retry it with fewer classes, pools, demand entries, hosts,
-//! faults and host misbehaviour, one reduction at a time, keeping every reduction after which
-//! the same invariant is still violated. What is left is the smallest scenario found that
-//! still fails: a regression file, and a much shorter trace to read.
+//! faults and host misbehaviour, even memory, Static node identity, one reduction at a time,
+//! keeping every reduction after which the same invariant is still violated. What is left is
+//! the smallest scenario found that still fails: a regression file, and a much shorter trace
+//! to read.
 //!
 //! The seed stays the run's seed; a reduction redraws the schedule (fewer hosts, fewer fault
 //! kinds), so a reduction can lose the violation even when it was unrelated to it: that
@@ -10,7 +11,7 @@
 use std::time::Duration;
 
 use super::run::{RunOptions, Violation, run_blocking};
-use super::scenario::{PhaseProbabilities, Scenario};
+use super::scenario::{NodeIdentity, PhaseProbabilities, Scenario};
 
 /// The smallest failing scenario found.
 #[derive(Debug, Clone)]
@@ -186,6 +187,16 @@ fn reductions(sc: &Scenario, violation: &Violation) -> Vec<Scenario> {
         if c.bad_leave_fraction > 0.0 {
             let mut s = sc.clone();
             s.classes[i].bad_leave_fraction = 0.0;
+            out.push(s);
+        }
+        if c.memory_spread_mib > 0 {
+            let mut s = sc.clone();
+            s.classes[i].memory_spread_mib = 0;
+            out.push(s);
+        }
+        if !c.identity.is_static() {
+            let mut s = sc.clone();
+            s.classes[i].identity = NodeIdentity::Static;
             out.push(s);
         }
     }

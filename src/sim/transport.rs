@@ -202,7 +202,7 @@ impl SimTransport {
         candidates
             .iter()
             .filter_map(|a| fleet.get(a))
-            .find(|h| h.kubelet_node() == Some(node))
+            .find(|h| h.kubelet_runs_as(node))
             .map(|h| (h.address.clone(), h.last_leave_ok == Some(false)))
     }
 
@@ -350,13 +350,11 @@ impl SimTransport {
         let this = self.clone();
         let address = address.to_string();
         tokio::spawn(async move {
-            let node_name = env.get("KPSSH_NODE_NAME").cloned().unwrap_or_default();
+            let node_name = super::kubelet::node_name(&env);
             tokio::time::sleep(this.registration_delay).await;
             loop {
                 let running = this
-                    .with(&address, |h| {
-                        h.registers && h.kubelet_node() == Some(node_name.as_str())
-                    })
+                    .with(&address, |h| h.registers && h.kubelet_runs_as(&node_name))
                     .unwrap_or(false);
                 if !running {
                     return;
@@ -506,7 +504,7 @@ impl SimTransport {
                         Some(SimPhase::Install) => h.cold = true,
                         Some(SimPhase::Join) => {
                             let name = env.get("KPSSH_NODE_NAME").cloned().unwrap_or_default();
-                            if let Some(old) = h.kubelet_node().filter(|n| *n != name) {
+                            if let Some(old) = h.kubelet_claim().filter(|n| *n != name) {
                                 double_join = Some(old.to_string());
                             }
                             h.kubelet_active = true;
@@ -560,7 +558,7 @@ impl SimTransport {
         let node = env.get("KPSSH_NODE_NAME").cloned().unwrap_or_default();
         if exit == 0 && phase == Some(SimPhase::Join) {
             let mut index = self.joined_as.lock().unwrap_or_else(|p| p.into_inner());
-            let addresses = index.entry(node.clone()).or_default();
+            let addresses = index.entry(super::kubelet::node_name(&env)).or_default();
             if !addresses.contains(&target.address) {
                 addresses.push(target.address.clone());
             }

@@ -158,25 +158,34 @@ pub fn group(index: usize) -> String {
     format!("d{index}")
 }
 
+/// Each class's capacity as declared (`cpu`, `memoryGib`): what its largest host can hold
+/// when no MemTotal falls short.
+pub fn declared_capacity(sc: &Scenario) -> BTreeMap<String, BTreeMap<String, i128>> {
+    (sc.classes.iter())
+        .map(|c| {
+            let memory = quantity::parse_str(&format!("{}Gi", c.memory_gib)).unwrap_or(0);
+            let cap = BTreeMap::from([
+                ("cpu".to_string(), i128::from(c.cpu) * 1000),
+                ("memory".to_string(), memory),
+            ]);
+            (c.name.clone(), cap)
+        })
+        .collect()
+}
+
 /// `nodepool-limits`: each NodePool's NodeClaims (those being deleted too: their hosts are
 /// still taken) within its `limits`. A claim counts its recorded capacity, or before launch
-/// its class's declared one, and one `nodes`. Returns (pool, message) per pool over a limit.
+/// the most any host of its class could give it (`largest`, per class, in milli-units), and
+/// one `nodes`. Returns (pool, message) per pool over a limit.
 pub fn limit_breaches(
     sc: &Scenario,
+    largest: &BTreeMap<String, BTreeMap<String, i128>>,
     claims: &BTreeMap<String, Arc<NodeClaim>>,
 ) -> Vec<(String, String)> {
     let mut out = vec![];
+    let none = BTreeMap::new();
     for pool in sc.node_pools.iter().filter(|p| !p.limits.is_empty()) {
-        let Some(class) = sc.classes.iter().find(|c| c.name == pool.class) else {
-            continue;
-        };
-        let declared: BTreeMap<String, i128> = BTreeMap::from([
-            ("cpu".to_string(), i128::from(class.cpu) * 1000),
-            (
-                "memory".to_string(),
-                quantity::parse_str(&format!("{}Gi", class.memory_gib)).unwrap_or(0),
-            ),
-        ]);
+        let declared = largest.get(&pool.class).unwrap_or(&none);
         let mut used: BTreeMap<String, i128> = BTreeMap::new();
         let mut count = 0;
         for nc in claims
@@ -191,7 +200,7 @@ pub fn limit_breaches(
                 .filter_map(|(k, v)| quantity::parse(v).map(|q| (k.clone(), q)))
                 .collect();
             let cap = if recorded.is_empty() {
-                &declared
+                declared
             } else {
                 &recorded
             };
@@ -205,11 +214,16 @@ pub fn limit_breaches(
                 continue;
             };
             if *u > l {
+                let used = match k.as_str() {
+                    "memory" => format!("{}Mi", u / 1000 / (1 << 20)),
+                    "cpu" => quantity::format_cpu(*u),
+                    _ => format!("{}", u / 1000),
+                };
                 out.push((
                     pool.name.clone(),
                     format!(
-                        "NodePool {} holds {count} NodeClaims using {k} {} (milli-units), above its limit {limit}",
-                        pool.name, u
+                        "NodePool {} holds {count} NodeClaims using {k} {used}, above its limit {limit}",
+                        pool.name
                     ),
                 ));
             }
@@ -265,12 +279,12 @@ mod tests {
         .into_iter()
         .collect();
         assert!(
-            limit_breaches(&sc, &claims).is_empty(),
+            limit_breaches(&sc, &declared_capacity(&sc), &claims).is_empty(),
             "four 2-cpu nodes fit cpu 8"
         );
         let (n, c) = claim("e", "capped", None);
         claims.insert(n, c);
-        let breaches = limit_breaches(&sc, &claims);
+        let breaches = limit_breaches(&sc, &declared_capacity(&sc), &claims);
         assert_eq!(breaches.len(), 2, "cpu and nodes: {breaches:?}");
         assert!(breaches.iter().all(|(pool, _)| pool == "capped"));
         assert!(breaches[0].1.contains("5 NodeClaims"), "{breaches:?}");

@@ -243,6 +243,43 @@ fn signal_number(sig: &Sig) -> u32 {
     }
 }
 
+/// Host key signature algorithms the client accepts: russh's defaults without SHA-1 `ssh-rsa`
+/// (#23). A host offering only `ssh-rsa` fails the key exchange; its RSA key still works with
+/// `rsa-sha2-256`/`rsa-sha2-512` (OpenSSH 7.2 and later).
+pub const HOST_KEY_ALGORITHMS: &[russh::keys::Algorithm] = &[
+    russh::keys::Algorithm::Ed25519,
+    russh::keys::Algorithm::Ecdsa {
+        curve: russh::keys::EcdsaCurve::NistP256,
+    },
+    russh::keys::Algorithm::Ecdsa {
+        curve: russh::keys::EcdsaCurve::NistP384,
+    },
+    russh::keys::Algorithm::Ecdsa {
+        curve: russh::keys::EcdsaCurve::NistP521,
+    },
+    russh::keys::Algorithm::Rsa {
+        hash: Some(HashAlg::Sha512),
+    },
+    russh::keys::Algorithm::Rsa {
+        hash: Some(HashAlg::Sha256),
+    },
+];
+
+/// The hash an RSA user key signs with, given what the host's `server-sig-algs` names as its
+/// best (`None`: no list; `Some(None)`: SHA-1 `ssh-rsa` only). SHA-2 always (#23): a host that
+/// accepts nothing but SHA-1 is refused with the reason rather than sent a SHA-1 signature.
+pub fn rsa_user_hash(offered: Option<Option<HashAlg>>) -> Result<Option<HashAlg>, &'static str> {
+    match offered {
+        Some(Some(h)) => Ok(Some(h)),
+        Some(None) => Err(
+            "the host accepts only SHA-1 RSA signatures (ssh-rsa) for public keys; kpssh signs \
+             with rsa-sha2-256/512 only: enable them in the host's PubkeyAcceptedAlgorithms or \
+             use an ed25519 or ECDSA key",
+        ),
+        None => Ok(Some(HashAlg::Sha512)),
+    }
+}
+
 impl RusshTransport {
     pub fn new(config: TransportConfig) -> Self {
         let ssh_config = client::Config {
@@ -250,6 +287,10 @@ impl RusshTransport {
             keepalive_max: 3,
             inactivity_timeout: None,
             nodelay: true,
+            preferred: russh::Preferred {
+                key: std::borrow::Cow::Borrowed(HOST_KEY_ALGORITHMS),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let pool = Pool::new(PoolConfig {
@@ -477,10 +518,11 @@ impl RusshTransport {
                 })?;
             let key = Arc::new(key);
             let hash = if key.algorithm().is_rsa() {
-                match handle.best_supported_rsa_hash().await {
-                    Ok(Some(h)) => h,
-                    _ => Some(HashAlg::Sha512),
-                }
+                let offered = handle.best_supported_rsa_hash().await.ok().flatten();
+                rsa_user_hash(offered).map_err(|reason| TransportError::Protocol {
+                    host: host.into(),
+                    reason: reason.into(),
+                })?
             } else {
                 None
             };

@@ -74,8 +74,9 @@ impl HostKeyPin {
     }
 }
 
-/// One command to run on a host.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One command to run on a host. `Debug` shows the stdin's length only: it holds the Raw
+/// preamble's exported secrets or the envelope's parameters (#23).
+#[derive(Clone, PartialEq, Eq)]
 pub struct RemoteCommand {
     /// The command string (run by the login shell, or handed to a `ForceCommand` shim as
     /// `SSH_ORIGINAL_COMMAND`).
@@ -89,6 +90,17 @@ pub struct RemoteCommand {
     /// the real transport prefixes it with an exported run marker so that a timed-out command's
     /// whole process session can be found and killed.
     pub verbatim: bool,
+}
+
+impl std::fmt::Debug for RemoteCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteCommand")
+            .field("command", &self.command)
+            .field("stdin_len", &self.stdin.len())
+            .field("timeout", &self.timeout)
+            .field("verbatim", &self.verbatim)
+            .finish()
+    }
 }
 
 impl RemoteCommand {

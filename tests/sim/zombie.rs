@@ -190,9 +190,15 @@ async fn s9_kubelet_back_on_claimed_host_leaves_before_join() {
     let w = world().await;
     // The install takes a minute: the window in which the old kubelet returns.
     claimed_while_installing(&w, "z", "10.20.0.5").await;
+    // The kubelet of this host's earlier (Static) claim: its Node carries the host's provider
+    // ID, which is what ties it to the host (an IP alone would not).
     let old_env = std::collections::BTreeMap::from([
         ("KPSSH_NODE_NAME".to_string(), "old-node".to_string()),
         ("KPSSH_NODE_ADDRESS".to_string(), "10.20.0.5".to_string()),
+        (
+            "KPSSH_PROVIDER_ID".to_string(),
+            format!("kpssh://{}/z", kpssh::api::DEFAULT_POOL_NAMESPACE),
+        ),
     ]);
     w.transport.with("10.20.0.5", |s| {
         s.kubelet_enabled = true;

@@ -292,6 +292,12 @@ impl ControlPlane {
 
     /// Starts kube-scheduler (idempotent) and waits for its `/healthz`.
     pub fn start_scheduler(&self) {
+        self.start_scheduler_with(false);
+    }
+
+    /// [`ControlPlane::start_scheduler`], with leader election as clusters run it (the
+    /// scheduler then holds the Lease `kube-system/kube-scheduler`, which `kpssh doctor` checks).
+    pub fn start_scheduler_with(&self, leader_elect: bool) {
         if self.running("kube-scheduler") {
             return;
         }
@@ -306,7 +312,7 @@ impl ControlPlane {
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={port}"),
                 format!("--cert-dir={}", self.root.join("scheduler-certs").display()),
-                "--leader-elect=false".into(),
+                format!("--leader-elect={leader_elect}"),
                 "--v=1".into(),
             ],
         )

@@ -106,8 +106,6 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     pub myself: ActorRef<HostMsg>,
     /// The transport target, so that a steady probe does not read the key Secret every time.
     pub target: Option<target::CachedTarget>,
-    /// The Node of a release whose leave failed: deleted once a probe shows the kubelet stopped.
-    pub orphan_node: Option<String>,
     /// The lifecycle trace of the claim this host holds: NodeClaim UID and its root span.
     /// Rebuilt (marked resumed) when the actor restarts mid-lifecycle.
     pub lifecycle: Option<(String, tracing::Span)>,
@@ -229,7 +227,6 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             failures: 0,
             myself,
             target: None,
-            orphan_node: None,
             lifecycle: None,
             launch_slot: None,
             stamp_next_probe: false,

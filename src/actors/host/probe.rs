@@ -228,7 +228,8 @@ async fn record_success<C: Cluster, T: Transport>(
         // A token a failed release could not delete (S27: never orphaned).
         HostState::Available | HostState::Unhealthy | HostState::Pending => {
             registration::collect_token(state).await?;
-            if state.orphan_node.is_some() {
+            let orphan = (state.host.status.as_ref()).is_some_and(|s| s.orphan_node.is_some());
+            if orphan {
                 Box::pin(registration::cleanup_orphan_node(
                     state,
                     report.facts.kubelet_active,

@@ -8,6 +8,7 @@ use super::probe::write;
 use super::{HostActorState, node_identity, target};
 use crate::actors::events;
 use crate::actors::status::ProbeStamp;
+use crate::api::host::OrphanNode;
 use crate::api::karpenter::TERMINATION_FINALIZER;
 use crate::api::{ExecMode, HostState, NodeClaim};
 use crate::k8s::{Cluster, ClusterError, EventType, finalizers};
@@ -43,11 +44,17 @@ pub async fn release_if_stale<C: Cluster, T: Transport>(
         return Ok(false);
     }
     delete_token(state).await?;
+    // The claim's Node (if any) outlives it while its kubelet runs: record it, so that the
+    // zombie guard knows it as this host's once the provider ID below is cleared (Adopt).
+    let orphan = stale_claim_node(state, &claim.name).await?;
     write(state, ProbeStamp::Keep, |s| {
         s.state = HostState::Pending;
         s.claim_ref = None;
         s.provider_id = None;
         s.bootstrap_token_id = None;
+        if orphan.is_some() {
+            s.orphan_node = orphan.clone();
+        }
     })
     .await?;
     state.end_lifecycle(&claim.uid, events::STALE_CLAIM, true);
@@ -59,6 +66,30 @@ pub async fn release_if_stale<C: Cluster, T: Transport>(
         .event(EventType::Warning, events::STALE_CLAIM, msg)
         .await;
     Ok(true)
+}
+
+/// The Node of the stale claim `name` as [`OrphanNode`], found by what identifies it (S53).
+async fn stale_claim_node<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    name: &str,
+) -> Result<Option<OrphanNode>, ClusterError> {
+    let recorded = (state.host.status.as_ref()).and_then(|s| s.provider_id.clone());
+    let identity = node_identity::Identity {
+        claim: name,
+        node_name: None,
+        provider_id: recorded.as_deref(),
+        node_ip: Some(state.host.node_address()),
+    };
+    let node = node_identity::find(&state.ctx, &identity).await?;
+    Ok(node.as_ref().and_then(orphan_record))
+}
+
+/// What `status.orphanNode` records of a Node.
+pub fn orphan_record(node: &Node) -> Option<OrphanNode> {
+    Some(OrphanNode {
+        name: node.metadata.name.clone()?,
+        provider_id: node_identity::provider_id(node).map(str::to_string),
+    })
 }
 
 /// S27: delete the bootstrap token once the Node of this host's NodeClaim has registered.
@@ -123,8 +154,10 @@ pub async fn recheck_registration<C: Cluster, T: Transport>(
     Ok(())
 }
 
-/// After a release whose leave failed, the Node is kept (its kubelet may still run). Once a
-/// probe shows the kubelet stopped, delete it; a running kubelet is the zombie guard's.
+/// After a release whose leave failed (or a stale claim), the Node is kept while its kubelet
+/// may run (`status.orphanNode`). Once a probe shows the kubelet stopped, delete it (dropping
+/// its finalizer) and forget it; a running kubelet is the zombie guard's. The record is in the
+/// status, so a restarted controller finishes the cleanup.
 pub async fn cleanup_orphan_node<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
     kubelet_active: bool,
@@ -132,14 +165,20 @@ pub async fn cleanup_orphan_node<C: Cluster, T: Transport>(
     if kubelet_active {
         return Ok(());
     }
-    let Some(name) = state.orphan_node.clone() else {
+    let Some(orphan) = (state.host.status.as_ref()).and_then(|s| s.orphan_node.clone()) else {
         return Ok(());
     };
-    if let Some(node) = state.ctx.cluster.get::<Node>(None, &name).await? {
+    if let Some(node) = state.ctx.cluster.get::<Node>(None, &orphan.name).await?
+        && node_identity::tied_to_host(&node, state.ctx.pool_ns(), &state.name, &state.host)
+    {
         delete_node(state, &node).await?;
     }
-    state.orphan_node = None;
-    Ok(())
+    write(state, ProbeStamp::Keep, |s| {
+        if s.orphan_node.as_ref() == Some(&orphan) {
+            s.orphan_node = None;
+        }
+    })
+    .await
 }
 
 /// A Node appeared or changed: if it is this host's claim's node, the host is InUse (S37) and
@@ -227,8 +266,9 @@ async fn adopt_into_claim<C: Cluster, T: Transport>(
 }
 
 /// S9/S10/S12: a kubelet runs on an unclaimed host. Attributable to us (install marker, or a
-/// Node with the host's IP) → fence with the Leaving CAS and run leave; otherwise park the host
-/// Unhealthy and touch nothing.
+/// Node tied to this host: `node_identity::tied_to_host`, never an IP alone) → fence with the
+/// Leaving CAS and run leave, then delete only a tied Node; otherwise park the host Unhealthy
+/// and touch nothing.
 pub async fn zombie_check<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
 ) -> Result<(), ClusterError> {
@@ -256,12 +296,14 @@ async fn zombie_check_inner<C: Cluster, T: Transport>(
         .status
         .as_ref()
         .and_then(|s| s.installed_profile.clone());
-    let node = node_with_ip(state).await?;
+    let node = node_identity::host_node(&state.ctx, &state.name, &state.host).await?;
     if marker.is_none() && node.is_none() {
         let msg = format!(
-            "a kubelet is active on {} but kpssh never installed it and no Node has IP {}; \
-             stop it by hand or delete this SSHHost",
+            "a kubelet is active on {} but kpssh never installed it and no Node is this \
+             host's (provider ID {}, or one recorded in its status; a Node that merely has IP \
+             {} is not); stop it by hand or delete this SSHHost",
             state.key(),
+            static_provider_id(state.ctx.pool_ns(), &state.name),
             state.host.node_address()
         );
         let already = state.state() == HostState::Unhealthy
@@ -318,12 +360,14 @@ async fn zombie_leave_inner<C: Cluster, T: Transport>(
 ) -> Result<(), ClusterError> {
     match leave(state).await {
         Ok(()) => {
-            if let Some(node) = node_with_ip(state).await? {
+            let node = node_identity::host_node(&state.ctx, &state.name, &state.host).await?;
+            if let Some(node) = node {
                 delete_node(state, &node).await?;
             }
             write(state, ProbeStamp::Keep, |s| {
                 s.state = HostState::Available;
                 s.last_probe_error = None;
+                s.orphan_node = None;
             })
             .await?;
             zombie_action(state, "leave");
@@ -370,7 +414,9 @@ pub async fn leave_stale_kubelet<C: Cluster, T: Transport>(
     if !report.facts.kubelet_active {
         return Ok(());
     }
-    let node = node_with_ip(state).await.map_err(touched)?;
+    let node = node_identity::host_node(&state.ctx, &state.name, &state.host)
+        .await
+        .map_err(touched)?;
     let own = (node.as_ref()).is_some_and(|n| node_identity::is_claims(n, node_name, uid));
     if own {
         return Ok(());
@@ -443,25 +489,6 @@ pub async fn leave<C: Cluster, T: Transport>(
         &leave_context(&state.host),
     )
     .await
-}
-
-/// The Node whose InternalIP is this host's node address, on the zombie path only. The
-/// supervisor's Node watch names the candidates, each read again; when it knows none (a lag,
-/// or no such Node), Nodes are listed.
-async fn node_with_ip<C: Cluster, T: Transport>(
-    state: &HostActorState<C, T>,
-) -> Result<Option<Node>, ClusterError> {
-    let ip = state.host.node_address().to_string();
-    let has_ip = |n: &Node| crate::actors::context::internal_ips(n).contains(&ip);
-    for name in state.ctx.node_addresses.named_with_ip(&ip) {
-        if let Some(n) = state.ctx.cluster.get::<Node>(None, &name).await?
-            && has_ip(&n)
-        {
-            return Ok(Some(n));
-        }
-    }
-    let nodes: Vec<Node> = state.ctx.cluster.list(None, None).await?;
-    Ok(nodes.into_iter().find(|n| has_ip(n)))
 }
 
 /// Delete a Node whose kubelet is known stopped, dropping our termination finalizer first.

@@ -4,7 +4,7 @@
 use super::HostActorState;
 use super::node_identity::{self, Identity};
 use super::probe::write;
-use super::registration::{delete_node, delete_token, leave};
+use super::registration::{delete_node, delete_token, leave, orphan_record};
 use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::{ClaimRef, HostState};
@@ -68,10 +68,15 @@ async fn finish<C: Cluster, T: Transport>(
         node_ip: Some(state.host.node_address()),
     };
     let node = node_identity::find(&state.ctx, &identity).await?;
-    if failure.is_some() {
-        // The kubelet may still run: the Node stays until a probe shows it stopped.
-        state.orphan_node = node.and_then(|n| n.metadata.name);
-    } else if let Some(node) = node {
+    // The kubelet may still run after a failed leave: the Node stays until a probe shows it
+    // stopped, recorded in the status (a restart must not forget it, its finalizer held).
+    let orphan = node
+        .as_ref()
+        .filter(|_| failure.is_some())
+        .and_then(orphan_record);
+    if failure.is_none()
+        && let Some(node) = node
+    {
         // Leave stopped the kubelet, so the Node can go now and will not come back (S40).
         delete_node(state, &node).await?;
     }
@@ -79,6 +84,9 @@ async fn finish<C: Cluster, T: Transport>(
         s.claim_ref = None;
         s.provider_id = None;
         s.bootstrap_token_id = None;
+        if orphan.is_some() {
+            s.orphan_node = orphan.clone();
+        }
         match &failure {
             None => s.state = HostState::Available,
             Some(msg) => {

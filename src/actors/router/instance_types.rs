@@ -17,8 +17,14 @@ use crate::karpenter::quantity;
 pub struct InstanceType {
     pub name: String,
     pub arch: String,
-    /// Per-resource minimum over the class's usable hosts, in milli-units.
+    /// Per-resource minimum over the class's usable hosts, in milli-units: what pods may
+    /// count on, whichever host a NodeClaim gets.
     pub capacity: BTreeMap<String, i128>,
+    /// Per-resource maximum over the same hosts: the most a NodeClaim of this type may come
+    /// to hold, which NodePool limits count (as core counts the largest of a NodeClaim's
+    /// instance type options against them). Hosts of one class rarely report exactly the
+    /// same memory.
+    pub largest: BTreeMap<String, i128>,
     pub max_pods: i32,
     /// Price per hour: class vCPUs × pricePerCPUHour.
     pub price: f64,
@@ -217,8 +223,13 @@ fn summarise(
     price: f64,
 ) -> InstanceType {
     let mut capacity: BTreeMap<String, i128> = BTreeMap::new();
+    let mut largest: BTreeMap<String, i128> = BTreeMap::new();
     for (i, h) in hosts.iter().enumerate() {
         let cap = host_capacity(h);
+        for (k, v) in &cap {
+            let e = largest.entry(k.clone()).or_insert(*v);
+            *e = (*e).max(*v);
+        }
         if i == 0 {
             capacity = cap;
         } else {
@@ -233,6 +244,7 @@ fn summarise(
         name,
         arch,
         capacity,
+        largest,
         max_pods: class.spec.max_pods,
         price: cpus * price,
         claimable: hosts.iter().filter(|h| claimable(h)).count(),
@@ -285,6 +297,8 @@ mod tests {
             8_000_000 * 1024 * 1000,
             "minimum memory"
         );
+        assert_eq!(small.largest["cpu"], 4000, "maximum cpu, for limits");
+        assert_eq!(small.largest["memory"], 16_000_000 * 1024 * 1000);
         assert!(
             (small.price - 2.0 * 0.02).abs() < 1e-9,
             "vCPUs × pricePerCPUHour"

@@ -18,17 +18,19 @@ pub fn matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, String>)
         "NotIn" => value.is_none_or(|v| !req.values.contains(v)),
         "Exists" => value.is_some(),
         "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
+        // Gte and Lte are Karpenter's own (upstream's CRDs admit them in NodePools).
+        "Gt" | "Lt" | "Gte" | "Lte" => {
             let (Some(v), Some(bound)) = (
                 value.and_then(|v| v.parse::<i64>().ok()),
                 req.values.first().and_then(|b| b.parse::<i64>().ok()),
             ) else {
                 return false;
             };
-            if req.operator == "Gt" {
-                v > bound
-            } else {
-                v < bound
+            match req.operator.as_str() {
+                "Gt" => v > bound,
+                "Lt" => v < bound,
+                "Gte" => v >= bound,
+                _ => v <= bound,
             }
         }
         _ => false,
@@ -391,5 +393,17 @@ mod tests {
             "non-numeric never matches Gt"
         );
         assert!(!matches(&req("a", "Banana", &["x"]), &labels));
+    }
+
+    /// Karpenter's Gte and Lte (admitted by upstream's CRDs) match as the bounds they are:
+    /// a host whose label equals the bound is taken, not refused as by an unknown operator.
+    #[test]
+    fn gte_and_lte_include_the_bound() {
+        let labels = BTreeMap::from([("n".to_string(), "5".to_string())]);
+        assert!(matches(&req("n", "Gte", &["5"]), &labels));
+        assert!(!matches(&req("n", "Gte", &["6"]), &labels));
+        assert!(matches(&req("n", "Lte", &["5"]), &labels));
+        assert!(!matches(&req("n", "Lte", &["4"]), &labels));
+        assert!(!matches(&req("missing", "Gte", &["0"]), &labels));
     }
 }

@@ -224,6 +224,16 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                 classes.insert(class_name.clone(), c);
             }
             let pool_name = pool.metadata.name.as_deref().unwrap_or_default();
+            // As upstream skips a NodePool that is not Ready: one that fails runtime
+            // validation (ValidationSucceeded=False) launches nothing.
+            let invalid = super::nodepool_validation::validate(pool);
+            if !invalid.is_empty() {
+                blocked.push(format!(
+                    "NodePool {pool_name} is not valid (ValidationSucceeded=False): {}",
+                    invalid.join("; ")
+                ));
+                continue;
+            }
             let class = classes.get(class_name).and_then(Option::as_ref);
             if let Some(why) = class_blocker(pool_name, class_name, class) {
                 blocked.push(why);

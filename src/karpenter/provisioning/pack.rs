@@ -174,9 +174,10 @@ pub struct PackOutcome<'a> {
     pub unplaced: Vec<(&'a PodInfo, String)>,
 }
 
-/// What one node of `it` adds to its NodePool's usage: its capacity and one `nodes`.
+/// What one node of `it` may add to its NodePool's usage: the capacity of its largest host
+/// (the router may give it any of them) and one `nodes`.
 pub fn capacity_with_node(it: &InstanceType) -> BTreeMap<String, i128> {
-    let mut c = it.capacity.clone();
+    let mut c = it.largest.clone();
     c.insert("nodes".into(), 1000);
     c
 }
@@ -328,7 +329,8 @@ pub fn pack<'a>(
     out
 }
 
-/// Resources each NodePool's NodeClaims take (capacity, plus `nodes`), for limits.
+/// Resources each NodePool's NodeClaims take, for limits: a launched claim's recorded
+/// capacity, before that the largest host of its instance type's; plus one `nodes` each.
 pub fn pool_usage(
     claims: &BTreeMap<String, std::sync::Arc<NodeClaim>>,
     types: &BTreeMap<String, InstanceType>,
@@ -349,7 +351,7 @@ pub fn pool_usage(
         let cap = if status_cap.is_empty() {
             claim_type(nc)
                 .and_then(|t| types.get(&t))
-                .map(|t| t.capacity.clone())
+                .map(|t| t.largest.clone())
                 .unwrap_or_default()
         } else {
             status_cap
@@ -504,6 +506,10 @@ mod tests {
                     ("cpu".to_string(), cpu),
                     ("memory".to_string(), (cpu * 4) << 30),
                 ]),
+                largest: BTreeMap::from([
+                    ("cpu".to_string(), cpu),
+                    ("memory".to_string(), (cpu * 4) << 30),
+                ]),
                 max_pods: 110,
                 price,
                 claimable: 1000,
@@ -601,6 +607,43 @@ mod tests {
             out.push((best, members));
         }
         out
+    }
+
+    /// S36 (nodepool-limits, found by the random campaign): the hosts of one class report
+    /// different memory (MemTotal falls short of the nominal size by a per-machine amount).
+    /// Pods fit by the smallest host, but the router may give a NodeClaim any host of the
+    /// class, so limits count the largest: under a 31 GiB limit over hosts of 7.6–8 GiB three
+    /// nodes open, not four (four of the smallest, 30.4 GiB, would fit; four of the largest,
+    /// 32 GiB, do not).
+    #[test]
+    fn s36_limits_count_the_largest_host_of_a_type() {
+        let mut offer = offer();
+        offer.choices.retain(|c| c.it.name == "small");
+        let c = &mut offer.choices[0];
+        c.it.capacity.insert("memory".into(), 7600 << 30);
+        c.avail.insert("memory".into(), 7600 << 30);
+        c.it.largest.insert("memory".into(), 8000 << 30);
+        offer.types = vec![c.it.clone()];
+        offer.limits = BTreeMap::from([("memory".to_string(), 31000 << 30)]);
+        // One pod per node (3 of 4 CPUs each).
+        let pods: Vec<PodInfo> = (0..8).map(|i| pod(i, 3000, 0)).collect();
+        let budgets = BTreeMap::from([("small".to_string(), 100)]);
+        let offers = [offer];
+        let out = pack(&pods, &offers, budgets.clone(), BTreeMap::new());
+        assert_eq!(out.claims.len(), 3, "{:?}", out.claims);
+        assert_eq!(out.unplaced.len(), 5);
+        assert!(
+            out.unplaced
+                .iter()
+                .all(|(_, why)| why == "NodePool limits exceeded")
+        );
+        // Two launched claims of 7.7 GiB each: 15.4 + 8 + 8 = 31.4 > 31, so one more only.
+        let usage = BTreeMap::from([(
+            "default".to_string(),
+            BTreeMap::from([("memory".to_string(), 15400 << 30), ("nodes".into(), 2000)]),
+        )]);
+        let out = pack(&pods, &offers, budgets, usage);
+        assert_eq!(out.claims.len(), 1, "{:?}", out.claims);
     }
 
     /// S36: skipping a bin's refused shapes changes nothing: the same claims with the same pods

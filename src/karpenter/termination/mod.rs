@@ -104,7 +104,9 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
     if !num.is_empty() {
         return None;
     }
-    Some(Duration::from_secs_f64(total))
+    // Too large for a Duration (as Go's ParseDuration, an error rather than a panic: found by
+    // tests/parsers.rs, #23).
+    Duration::try_from_secs_f64(total).ok()
 }
 
 /// `karpenter.sh/disrupted:NoSchedule`.
@@ -392,5 +394,9 @@ mod tests {
         assert_eq!(parse_duration("Never"), None);
         assert_eq!(parse_duration("5"), None);
         assert_eq!(parse_duration("5x"), None);
+        // #23: a value past Duration's range is refused, not a panic (it was one).
+        assert_eq!(parse_duration("5124100000000000h"), None);
+        assert_eq!(parse_duration(&"9".repeat(400)), None);
+        assert_eq!(parse_duration(&format!("{}s", "9".repeat(400))), None);
     }
 }

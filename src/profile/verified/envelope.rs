@@ -161,10 +161,26 @@ fn check_param(name: &str, value: &str) -> Result<(), EnvelopeError> {
     Ok(())
 }
 
-/// Validated shim parameters, in insertion order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Validated shim parameters, in insertion order. `Debug` names them without their values
+/// (the bootstrap token and `joinSecretRef` values travel here, #23).
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Params {
     entries: Vec<(String, String)>,
+}
+
+impl fmt::Debug for Params {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Params")
+            .field(
+                "names",
+                &self
+                    .entries
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl Params {
@@ -416,8 +432,9 @@ pub enum Binding {
     },
 }
 
-/// A parsed or to-be-sent envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parsed or to-be-sent envelope. `Debug` hides parameter values and shows the signature
+/// and script by length (#23).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Envelope {
     /// Which phase the script is for.
     pub phase: Phase,
@@ -431,6 +448,19 @@ pub struct Envelope {
     pub script: Vec<u8>,
     /// The phase timeout in seconds for the shim's watchdog (`timeout` header).
     pub timeout_secs: Option<u32>,
+}
+
+impl fmt::Debug for Envelope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Envelope")
+            .field("phase", &self.phase)
+            .field("binding", &self.binding)
+            .field("params", &self.params)
+            .field("signature_len", &self.signature.len())
+            .field("script_len", &self.script.len())
+            .field("timeout_secs", &self.timeout_secs)
+            .finish()
+    }
 }
 
 fn b64_or_dash(bytes: &[u8]) -> String {

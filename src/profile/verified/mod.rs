@@ -99,8 +99,9 @@ pub struct PhaseRequest<'a> {
     pub timeout: Option<std::time::Duration>,
 }
 
-/// What to send: run `command` over SSH and write `stdin` to it.
-#[derive(Debug, Clone)]
+/// What to send: run `command` over SSH and write `stdin` to it. `Debug` shows the stdin's
+/// length only (the envelope carries the parameters' values, #23).
+#[derive(Clone)]
 pub struct PreparedRun {
     /// Command line for the SSH exec request.
     pub command: String,
@@ -110,6 +111,17 @@ pub struct PreparedRun {
     pub signer: VerifiedSigner,
     /// Envelope version used (2 when v2 signatures exist, else 1).
     pub version: u8,
+}
+
+impl std::fmt::Debug for PreparedRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedRun")
+            .field("command", &self.command)
+            .field("stdin_len", &self.stdin.len())
+            .field("signer", &self.signer)
+            .field("version", &self.version)
+            .finish()
+    }
 }
 
 /// Verify a phase's signature against the host's trusted signers and build the shim invocation.
@@ -172,4 +184,57 @@ pub fn prepare(
         signer,
         version: env.version(),
     })
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+    use crate::ssh::RemoteCommand;
+
+    /// #23: `Debug` of what carries phase parameters never shows their values (these types
+    /// derived `Debug` and printed the bootstrap token).
+    #[test]
+    fn debug_never_shows_parameter_values() {
+        const TOKEN: &str = "abcdef.0123456789abcdef";
+        let mut params = Params::new();
+        params
+            .insert("KPSSH_BOOTSTRAP_TOKEN", TOKEN)
+            .expect("param");
+        params.insert("KPSSH_NODE_NAME", "n1").expect("param");
+        let envelope = Envelope {
+            phase: Phase::Join,
+            binding: Binding::V1,
+            params: params.clone(),
+            signature: String::new(),
+            script: b"echo hi\n".to_vec(),
+            timeout_secs: Some(30),
+        };
+        let stdin = envelope.encode();
+        let run = PreparedRun {
+            command: "/opt/kpssh/kpssh-shim join".into(),
+            stdin: stdin.clone(),
+            signer: VerifiedSigner {
+                fingerprint: "SHA256:x".into(),
+                algorithm: "ssh-ed25519".into(),
+                index: 0,
+            },
+            version: 1,
+        };
+        let command = RemoteCommand::new("sudo bash -s", std::time::Duration::from_secs(5))
+            .with_stdin(format!("export KPSSH_BOOTSTRAP_TOKEN='{TOKEN}'\n").into_bytes());
+        for (what, text) in [
+            ("Params", format!("{params:?}")),
+            ("Envelope", format!("{envelope:?}")),
+            ("PreparedRun", format!("{run:?}")),
+            ("RemoteCommand", format!("{command:?}")),
+        ] {
+            assert!(!text.contains(TOKEN), "{what}: {text}");
+            assert!(!text.contains("0123456789abcdef"), "{what}: {text}");
+        }
+        assert!(
+            format!("{params:?}").contains("KPSSH_BOOTSTRAP_TOKEN"),
+            "names stay visible"
+        );
+        assert!(format!("{command:?}").contains("stdin_len"));
+    }
 }

@@ -46,21 +46,33 @@ impl Runner<'_> {
         }
         let mut done = vec![];
         for name in &self.p2r_pending {
-            if let Some(nc) = self.mirror.claims.get(name)
-                && let Some(node) = self.mirror.nodes.get(name)
-                && let (Some(a), Some(b)) = (
-                    nc.metadata.creation_timestamp.as_ref(),
-                    node.metadata.creation_timestamp.as_ref(),
-                )
-            {
-                done.push(name.clone());
+            let Some(node) = self.mirror.nodes.get(name) else {
+                continue;
+            };
+            // The claim named like the Node, or (a Node that names itself) its owner.
+            let claim = self.mirror.claims.get(name).or_else(|| {
+                (node.metadata.owner_references.iter().flatten())
+                    .find(|o| o.kind == "NodeClaim")
+                    .and_then(|o| self.mirror.claims.get(&o.name))
+            });
+            let Some(nc) = claim else { continue };
+            let claim_name = super::name_of(&nc.metadata);
+            if self.p2r_done.contains(&claim_name) {
+                done.push((name.clone(), claim_name));
+                continue;
+            }
+            if let (Some(a), Some(b)) = (
+                nc.metadata.creation_timestamp.as_ref(),
+                node.metadata.creation_timestamp.as_ref(),
+            ) {
+                done.push((name.clone(), claim_name));
                 let secs = b.0.duration_since(a.0).as_secs_f64();
                 self.p2r.push(secs.max(0.0));
             }
         }
-        for name in done {
-            self.p2r_pending.remove(&name);
-            self.p2r_done.insert(name);
+        for (node, claim) in done {
+            self.p2r_pending.remove(&node);
+            self.p2r_done.insert(claim);
         }
         self.attached_vcpu_s += vcpu * dt.as_secs_f64();
         self.cost_s += cost * dt.as_secs_f64();

@@ -58,6 +58,16 @@ impl Checks {
 }
 
 impl Runner<'_> {
+    /// Whether NodeClaim `name` has its Node: one named after it, or (Adopt mode, a Node
+    /// that names itself) the one its `status.nodeName` names.
+    fn claim_registered(&self, name: &str) -> bool {
+        self.mirror.nodes.contains_key(name)
+            || (self.mirror.claims.get(name))
+                .and_then(|nc| nc.status.as_ref())
+                .and_then(|s| s.node_name.as_deref())
+                .is_some_and(|n| self.mirror.nodes.contains_key(n))
+    }
+
     /// NodeClaim UIDs held by more than one host, with the hosts.
     fn shared_claims(&self) -> Vec<(String, Vec<String>)> {
         let index = &self.mirror.host_index;
@@ -152,9 +162,7 @@ impl Runner<'_> {
                 None => Some("no host records it"),
                 Some(h) => match h.claim() {
                     None => Some("its host holds no claim"),
-                    Some(c) if self.mirror.nodes.contains_key(&c.name) => {
-                        Some("its node registered")
-                    }
+                    Some(c) if self.claim_registered(&c.name) => Some("its node registered"),
                     Some(c) if !self.mirror.claims.contains_key(&c.name) => {
                         Some("its NodeClaim is gone")
                     }
@@ -200,7 +208,7 @@ impl Runner<'_> {
                     .violate("claim-launched-in-time", name, now, msg);
             }
         }
-        for (pool, msg) in workload::limit_breaches(self.sc, &self.mirror.claims) {
+        for (pool, msg) in workload::limit_breaches(self.sc, &self.largest, &self.mirror.claims) {
             self.checks.violate("nodepool-limits", &pool, now, msg);
         }
     }

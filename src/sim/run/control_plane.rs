@@ -35,7 +35,7 @@ impl Runner<'_> {
             .transport
             .filter_map_kubelet_running(|i, h| {
                 let node = node_of_host.get(&i)?;
-                (h.kubelet_node() == Some(*node)).then_some(i)
+                h.kubelet_runs_as(node).then_some(i)
             })
             .into_iter()
             .collect();

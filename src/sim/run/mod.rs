@@ -34,12 +34,13 @@ use self::checks::Checks;
 use self::demand::DemandCurve;
 use self::faults::arrivals;
 use super::host::SimHost;
+use super::kubelet::REGISTER_AS_VAR;
 use super::mirror::Mirror;
-use super::scenario::Scenario;
+use super::scenario::{NodeIdentity, Scenario};
 use super::workload::{self, Workload};
-use super::world::{World, node_class, node_pool, sim_profile};
+use super::world::{World, host_object, node_class, node_pool, sim_profile};
 use crate::actors::Config;
-use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, SSHHost};
+use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, ProviderIdSource, SSHHost};
 use crate::k8s::memory::WriteKind;
 use crate::k8s::{Cluster, ClusterError, MemoryCluster, WatchEvent, WatchStream};
 use crate::karpenter::KarpenterConfig;
@@ -168,6 +169,8 @@ struct HostInfo {
     class: String,
     address: String,
     cpu: u32,
+    /// MemTotal, as the probe observes it.
+    memory_kib: u64,
     price: f64,
     fingerprint: String,
 }
@@ -264,6 +267,9 @@ struct Runner<'a> {
     profile_version: u64,
     /// The pods of pod demand and their scheduler, if the scenario has pod demand.
     workload: Option<Workload>,
+    /// Per class, the most capacity any of its hosts has (what a NodeClaim not launched yet
+    /// may come to hold, for `nodepool-limits`).
+    largest: BTreeMap<String, BTreeMap<String, i128>>,
 }
 impl Runner<'_> {
     fn line(&mut self, t: Duration, text: String) {
@@ -331,6 +337,15 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
             ..Default::default()
         });
         nc.spec.price_per_cpu_hour = format!("{}", c.price_per_cpu_hour);
+        if c.identity != NodeIdentity::Static {
+            nc.spec.provider_id_source = ProviderIdSource::Adopt;
+        }
+        if c.identity == NodeIdentity::Nodeadm {
+            nc.spec.vars = Some(BTreeMap::from([(
+                REGISTER_AS_VAR.to_string(),
+                "nodeadm".to_string(),
+            )]));
+        }
         cluster.create(&nc).await.map_err(e)?;
     }
     for p in &sc.node_pools {
@@ -355,20 +370,31 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         for i in 0..c.count {
             let n = infos.len();
             let address = format!("10.{}.{}.{}", 64 + n / 65536, (n / 256) % 256, n % 256);
-            let mut sim = SimHost::new(&address, c.cpu, u64::from(c.memory_gib) * 1024 * 1024);
+            let declared_kib = u64::from(c.memory_gib) * 1024 * 1024;
+            let mut sim = SimHost::new(&address, c.cpu, declared_kib);
             sim.arch = c.uname_arch().to_string();
             sim.behaviour = Some(c.behaviour());
             sim.leave_disables_kubelet = !rng.random_bool(c.bad_leave_fraction.clamp(0.0, 1.0));
+            if c.memory_spread_mib > 0 {
+                let short = rng.random_range(0..=u64::from(c.memory_spread_mib)) * 1024;
+                sim.memory_kib = declared_kib.saturating_sub(short).max(1024);
+            }
             let name = format!("{}-{i:04}", c.name);
             infos.push(HostInfo {
                 name: name.clone(),
                 class: c.name.clone(),
                 address: address.clone(),
                 cpu: c.cpu,
+                memory_kib: sim.memory_kib,
                 price: c.price_per_cpu_hour,
                 fingerprint: sim.fingerprint.clone(),
             });
-            world.add_host(&name, &c.name, sim).await.map_err(e)?;
+            let mut host = host_object(&world.ns(), &name, &c.name, &sim);
+            host.spec
+                .capacity
+                .insert("memory".into(), Quantity(format!("{declared_kib}Ki")));
+            world.transport.add(sim);
+            cluster.create(&host).await.map_err(e)?;
         }
     }
     let own = safety::OwnDeletions::default();
@@ -487,7 +513,17 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         .enumerate()
         .map(|(i, h)| (h.address.clone(), i))
         .collect();
+    let mut largest = BTreeMap::<String, BTreeMap<String, i128>>::new();
+    for i in &infos {
+        let cap = largest.entry(i.class.clone()).or_default();
+        let memory = crate::karpenter::quantity::parse_str(&format!("{}Ki", i.memory_kib));
+        for (k, v) in [("cpu", Some(i128::from(i.cpu) * 1000)), ("memory", memory)] {
+            let e = cap.entry(k.to_string()).or_insert(0);
+            *e = (*e).max(v.unwrap_or(0));
+        }
+    }
     let mut r = Runner {
+        largest,
         sc,
         opts,
         world,

@@ -273,10 +273,14 @@ impl Checker {
                     .filter(|p| pods::counts_on_node(p) && p.metadata.deletion_timestamp.is_none())
                     .cloned()
                     .collect();
-                // A Node is named after its NodeClaim unless it says otherwise.
-                let claim = self
-                    .claim_of_node(&name)
-                    .map_or(name.clone(), |c| name_of(&c.metadata));
+                // The NodeClaim that records the Node, else (a force-deleted one is gone) the
+                // one that owns it, else the one it is named after.
+                let owner = (n.metadata.owner_references.iter().flatten())
+                    .find(|o| o.kind == "NodeClaim")
+                    .map(|o| o.name.clone());
+                let claim = (self.claim_of_node(&name).map(|c| name_of(&c.metadata)))
+                    .or(owner)
+                    .unwrap_or_else(|| name.clone());
                 let forced = self.own.took_claim(&claim);
                 if !bound.is_empty() && !forced {
                     self.pods_leaving(&bound, "lost with their Node");
@@ -708,6 +712,34 @@ mod tests {
             .expect("n2");
         b.settle().await;
         assert!(b.found().is_empty(), "force-deleted: {:?}", b.found());
+        // A Node that names itself (nodeadm's `mi-*`) of a force-deleted claim, which is gone
+        // by then: its owner reference names the claim.
+        b.node("mi-3", "True", now).await;
+        let mut mi: Node = b
+            .cluster
+            .get(None, "mi-3")
+            .await
+            .expect("get")
+            .expect("mi-3");
+        mi.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "karpenter.sh/v1".into(),
+                kind: "NodeClaim".into(),
+                name: "c3".into(),
+                uid: "u3".into(),
+                ..Default::default()
+            },
+        ]);
+        b.cluster.replace(&mi).await.expect("owned");
+        b.pod("c", "mi-3", true).await;
+        b.settle().await;
+        b.own.note_claim("c3");
+        b.cluster
+            .delete::<Node>(None, "mi-3", None)
+            .await
+            .expect("mi-3");
+        b.settle().await;
+        assert!(b.found().is_empty(), "force-deleted, mi-*: {:?}", b.found());
         b.cluster
             .delete::<Node>(None, "n1", None)
             .await
