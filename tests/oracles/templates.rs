@@ -16,9 +16,9 @@ use crate::support::{Oracle, cases};
 
 #[derive(serde::Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
-struct Answer {
-    parse_error: Option<String>,
-    exec_error: Option<String>,
+pub(crate) struct Answer {
+    pub(crate) parse_error: Option<String>,
+    pub(crate) exec_error: Option<String>,
     /// Base64 of the rendered bytes.
     output: Option<String>,
     empty_error: Option<String>,
@@ -26,7 +26,7 @@ struct Answer {
 
 /// Template text around actions: shell-ish, with braces, dashes and spaces next to actions so
 /// that trim markers have something to trim.
-fn text() -> impl Strategy<Value = String> {
+pub(crate) fn text() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("a".to_string()),
         Just(" ".to_string()),
@@ -40,7 +40,7 @@ fn text() -> impl Strategy<Value = String> {
 
 /// An operand: data fields (present and missing), map keys (present and missing), variables,
 /// literals.
-fn operand() -> BoxedStrategy<String> {
+pub(crate) fn operand() -> BoxedStrategy<String> {
     prop_oneof![
         Just(".".to_string()),
         Just(".NodeName".to_string()),
@@ -77,7 +77,7 @@ fn operand() -> BoxedStrategy<String> {
 }
 
 /// A function call or an operand, possibly parenthesised.
-fn command(depth: u32) -> BoxedStrategy<String> {
+pub(crate) fn command(depth: u32) -> BoxedStrategy<String> {
     let arg = if depth == 0 {
         operand()
     } else {
@@ -146,7 +146,7 @@ fn action() -> BoxedStrategy<String> {
 
 /// Statements: text, actions, comments, if/else if/else, with/else, range (with variables and
 /// else), declarations and assignments.
-fn statements(depth: u32) -> BoxedStrategy<String> {
+pub(crate) fn statements(depth: u32) -> BoxedStrategy<String> {
     let leaf = prop_oneof![
         3 => text(),
         4 => action(),
@@ -239,13 +239,13 @@ fn template_src() -> impl Strategy<Value = String> {
 }
 
 #[derive(Debug, Clone)]
-struct Data {
-    fields: [String; 9],
-    vars: Option<BTreeMap<String, String>>,
-    secrets: Option<BTreeMap<String, String>>,
+pub(crate) struct Data {
+    pub(crate) fields: [String; 9],
+    pub(crate) vars: Option<BTreeMap<String, String>>,
+    pub(crate) secrets: Option<BTreeMap<String, String>>,
 }
 
-fn data() -> impl Strategy<Value = Data> {
+pub(crate) fn data() -> impl Strategy<Value = Data> {
     let s = || {
         prop_oneof![
             Just(String::new()),
@@ -282,7 +282,7 @@ fn data() -> impl Strategy<Value = Data> {
 }
 
 impl Data {
-    fn go(&self) -> serde_json::Value {
+    pub(crate) fn go(&self) -> serde_json::Value {
         let f = &self.fields;
         json!({
             "ClusterEndpoint": f[0], "ClusterCACert": f[1], "BootstrapToken": f[2],
@@ -315,7 +315,7 @@ impl Data {
 }
 
 /// Compares one template on one data set; `Err` describes the difference.
-fn compare(go: &Answer, src: &str, data: &Data) -> Result<(), String> {
+pub(crate) fn compare(go: &Answer, src: &str, data: &Data) -> Result<(), String> {
     let parsed = Template::parse(src);
     let t = match (&go.parse_error, parsed) {
         (Some(_), Err(e)) => {

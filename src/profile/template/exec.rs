@@ -390,6 +390,23 @@ impl<'a> Exec<'a> {
                 }
                 Ok(cur)
             }
+            // Go's `call fn args…` calls a func value; the template data has none (no field of
+            // the Go provider's `profile.Context` and no value a template makes is a func), so
+            // every call that runs fails, as in Go, once its arguments are evaluated.
+            "call" => match vals.first() {
+                None => Err((
+                    pos,
+                    "wrong number of args for call: want at least 1 got 0".into(),
+                )),
+                Some(f) => Err((
+                    pos,
+                    format!(
+                        "error calling call: the first argument ({}) is not a function: the \
+                         template data holds no functions",
+                        fmt::go_type(f)
+                    ),
+                )),
+            },
             "print" | "println" => Ok(Value::Str(fmt::sprint(&vals, name == "println"))),
             "html" => Ok(Value::Str(fmt::html_escape(&fmt::eval_args(&vals)))),
             "urlquery" => Ok(Value::Str(fmt::query_escape(&fmt::eval_args(&vals)))),

@@ -17,9 +17,10 @@
 //! - pipelines `a | b | c` (the previous result is the last argument of the next command);
 //! - `define` / `template` / `block`, `break` / `continue`;
 //! - functions: `eq`, `ne`, `lt`, `le`, `gt`, `ge`, `not`, `and`, `or` (short-circuit), `len`,
-//!   `index`, `print`, `println`, `printf`, `html`, `urlquery`.
+//!   `index`, `print`, `println`, `printf`, `html`, `urlquery`, `call` (the data holds no
+//!   functions, so a `call` that runs fails, as in Go).
 //!
-//! Not supported (a parse error naming the construct): `call`, `slice`, `js`, floats, char
+//! Not supported (a parse error naming the construct): `slice`, `js`, floats, char
 //! constants. `quote` and `default` are sprig functions, which the Go provider never loaded, so
 //! no existing profile can use them; they are unknown functions here too. docs/join-profiles.md
 //! has the exact list, measured against Go by the oracle tier.

@@ -89,9 +89,9 @@ pub(super) struct Operand {
 
 pub(super) const FUNCS: &[&str] = &[
     "and", "or", "not", "eq", "ne", "lt", "le", "gt", "ge", "len", "index", "print", "printf",
-    "println", "html", "urlquery",
+    "println", "html", "urlquery", "call",
 ];
-pub(super) const UNSUPPORTED: &[&str] = &["call", "slice", "js"];
+pub(super) const UNSUPPORTED: &[&str] = &["slice", "js"];
 
 pub(super) enum Terminator {
     Eof,
