@@ -87,3 +87,184 @@ fn s61_call_fails_where_go_fails() {
     .boxed();
     against_go("call", positions(call, arg));
 }
+
+/// Number constants as Go's lexer and `strconv` see them: signs, base prefixes, digits with
+/// underscores, points, exponents (`e` and hex `p`), imaginary `i` and complex `a+bi`, huge
+/// ones (uint64 only, past uint64, past float64), and random runs of number characters.
+fn number() -> BoxedStrategy<String> {
+    let digits = |set: &'static str| {
+        proptest::string::string_regex(&format!("[{set}]{{0,4}}")).expect("a valid regex")
+    };
+    let structured = (
+        prop_oneof![4 => Just(""), 1 => Just("-"), 1 => Just("+")],
+        prop_oneof![
+            6 => (Just(""), digits("0-9")),
+            1 => (Just("0"), digits("0-9_")),
+            1 => (Just("0x"), digits("0-9a-fA-F_")),
+            1 => (Just("0X"), digits("0-9a-f")),
+            1 => (Just("0b"), digits("01_")),
+            1 => (Just("0o"), digits("0-7_")),
+        ],
+        prop::option::of(digits("0-9")),
+        prop_oneof![
+            4 => Just(String::new()),
+            1 => (prop_oneof![Just("e"), Just("E"), Just("p"), Just("P")], prop_oneof![Just(""), Just("-"), Just("+")], digits("0-9_"))
+                .prop_map(|(e, s, d)| format!("{e}{s}{d}")),
+        ],
+        prop_oneof![6 => Just(""), 1 => Just("i")],
+    )
+        .prop_map(|(sign, (prefix, int), frac, exp, imag)| {
+            let frac = frac.map(|f| format!(".{f}")).unwrap_or_default();
+            let n = format!("{sign}{prefix}{int}{frac}{exp}{imag}");
+            // Not `.` or `.e5`: those are the dot and a field, not numbers.
+            if n.is_empty() || (n.starts_with('.') && !n[1..].starts_with(|c: char| c.is_ascii_digit())) {
+                format!("0{n}")
+            } else {
+                n
+            }
+        })
+        .boxed();
+    let literal = prop_oneof![
+        Just("0"),
+        Just("1"),
+        Just("-1"),
+        Just("1.5"),
+        Just("-0.0"),
+        Just("1e6"),
+        Just("1e21"),
+        Just("123456.7"),
+        Just("0.0001"),
+        Just("0.00001"),
+        Just("1e-400"),
+        Just("1e400"),
+        Just("0x1p-2"),
+        Just("0x1.8p1"),
+        Just("-0x1E"),
+        Just("0x1E"),
+        Just("017"),
+        Just("08"),
+        Just("08.5"),
+        Just("1_000"),
+        Just("1__0"),
+        Just("1_"),
+        Just("9223372036854775807"),
+        Just("9223372036854775808"),
+        Just("-9223372036854775808"),
+        Just("18446744073709551615"),
+        Just("18446744073709551616"),
+        Just("0x8000000000000000"),
+        Just("1.7976931348623157e308"),
+        Just("5e-324"),
+        Just("0x1p-1074"),
+        Just("1i"),
+        Just("-0i"),
+        Just("1+2i"),
+        Just("1-0i"),
+        Just("1.5e3-2.5e-3i"),
+        Just("0x10+1i"),
+        Just(".5"),
+        Just("-.5"),
+        Just("1."),
+        Just("+"),
+        Just("2.5e+00"),
+        Just("100000"),
+        Just("1000000.0"),
+        Just("0.1"),
+        Just("3.14159"),
+    ]
+    .prop_map(str::to_string);
+    let complex = (
+        structured.clone(),
+        prop_oneof![Just("+"), Just("-")],
+        structured.clone(),
+    )
+        .prop_map(|(a, s, b)| format!("{a}{s}{}i", b.trim_start_matches(['+', '-'])));
+    let random =
+        proptest::string::string_regex("([0-9+-]|\\.[0-9])[0-9a-fA-FxXoObBpPeEi_.+-]{0,6}")
+            .expect("a valid regex");
+    prop_oneof![5 => structured, 8 => literal, 1 => complex, 1 => random].boxed()
+}
+
+/// Character constants: plain, multi-byte, every escape form (valid, out of range, malformed),
+/// empty, two characters, unterminated.
+fn character() -> BoxedStrategy<String> {
+    let body = prop_oneof![
+        Just("a"),
+        Just("é"),
+        Just("b"),
+        Just("\\n"),
+        Just("\\x41"),
+        Just("日"),
+        Just("Z"),
+        Just("é"),
+        Just("日"),
+        Just("😀"),
+        Just(" "),
+        Just("\""),
+        Just("'"),
+        Just("\\a"),
+        Just("\\b"),
+        Just("\\f"),
+        Just("\\n"),
+        Just("\\r"),
+        Just("\\t"),
+        Just("\\v"),
+        Just("\\\\"),
+        Just("\\'"),
+        Just("\\\""),
+        Just("\\x41"),
+        Just("\\xff"),
+        Just("\\xg1"),
+        Just("\\x4"),
+        Just("\\101"),
+        Just("\\377"),
+        Just("\\400"),
+        Just("\\18"),
+        Just("\\u00e9"),
+        Just("\\ud800"),
+        Just("\\U0001F600"),
+        Just("\\U00110000"),
+        Just("\\q"),
+        Just(""),
+        Just("ab"),
+        Just("\\"),
+    ];
+    (body, prop_oneof![8 => Just("'"), 1 => Just("")])
+        .prop_map(|(b, close)| format!("'{b}{close}"))
+        .boxed()
+}
+
+/// Commands that use a constant: printed, formatted, compared, tested, ranged over, indexed.
+fn with_constant(c: BoxedStrategy<String>) -> BoxedStrategy<String> {
+    let other = prop_oneof![2 => c.clone(), 1 => operand()];
+    prop_oneof![
+        4 => c.clone(),
+        2 => c.clone().prop_map(|x| format!("printf \"%v %T|%d|%s|%q\" {x} {x} {x} {x} {x}")),
+        2 => c.clone().prop_map(|x| format!("printf \"%e|%E|%f|%.2f|%g|%G|%.3g|%+v|%8.3f|%-6v|\" {x} {x} {x} {x} {x} {x} {x} {x} {x} {x}")),
+        1 => (c.clone(), other.clone()).prop_map(|(x, y)| format!("print {x} {y}")),
+        2 => (prop_oneof![Just("eq"), Just("ne"), Just("lt"), Just("le"), Just("gt"), Just("ge")], c.clone(), other)
+            .prop_map(|(f, x, y)| format!("{f} {x} {y}")),
+        1 => c.clone().prop_map(|x| format!("not {x}")),
+        1 => c.clone().prop_map(|x| format!("len {x}")),
+        1 => c.clone().prop_map(|x| format!("index .Vars {x}")),
+        1 => c.clone().prop_map(|x| format!("html {x} \"|\" {x}")),
+        1 => c.clone().prop_map(|x| format!("{x}.x")),
+        1 => c.prop_map(|x| format!("and {x} \"a\"")),
+    ]
+    .boxed()
+}
+
+/// Numbers: Go's lexer, `newNumber` and `idealConstant` (int, float64, complex128, the
+/// overflow that fails only when it runs) and `fmt`'s float formats.
+#[test]
+fn s61_number_constants_as_go() {
+    let n = number();
+    against_go("numbers", positions(with_constant(n.clone()), n));
+}
+
+/// Character constants: `strconv.UnquoteChar`'s escapes; the value is an int.
+#[test]
+fn s61_character_constants_as_go() {
+    let c = character();
+    against_go("characters", positions(with_constant(c.clone()), c));
+}

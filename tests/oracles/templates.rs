@@ -69,6 +69,11 @@ pub(crate) fn operand() -> BoxedStrategy<String> {
         Just("0".to_string()),
         Just("1".to_string()),
         Just("-2".to_string()),
+        // Float, character and complex constants (template_builtins.rs has their own tier).
+        Just("1.5".to_string()),
+        Just("1e6".to_string()),
+        Just("'a'".to_string()),
+        Just("1i".to_string()),
         Just("true".to_string()),
         Just("false".to_string()),
         Just("nil".to_string()),

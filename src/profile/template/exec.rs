@@ -3,6 +3,7 @@
 use super::Value;
 use super::fmt;
 use super::funcs::{field, go_eq, go_lt};
+use super::number::Const;
 use super::parser::{Command, Node, OpKind, Operand, Pipeline};
 
 // ---------------------------------------------------------------------------------------------
@@ -222,7 +223,14 @@ impl<'a> Exec<'a> {
         let (base, chain) = match &a.kind {
             OpKind::Dot => return Ok(dot.clone()),
             OpKind::Str(s) => return Ok(Value::Str(s.clone())),
-            OpKind::Int(n) => return Ok(Value::Int(*n)),
+            OpKind::Num(c) => {
+                return match c {
+                    Const::Int(n) => Ok(Value::Int(*n)),
+                    Const::Float(f) => Ok(Value::Float(*f)),
+                    Const::Complex(re, im) => Ok(Value::Complex(*re, *im)),
+                    Const::Overflow => Err((a.pos, "number constant overflows int".into())),
+                };
+            }
             OpKind::Bool(b) => return Ok(Value::Bool(*b)),
             OpKind::Nil => return Err((a.pos, "nil is not a command".into())),
             OpKind::Func(name) => return self.call(name, a.pos, &[], dot, None),

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 
 use super::Value;
+use super::fmt_float::{format_complex, format_float};
 
 /// Go's type name of a value, as `%T` and the error forms print it.
 pub(super) fn go_type(v: &Value) -> &'static str {
@@ -12,6 +13,8 @@ pub(super) fn go_type(v: &Value) -> &'static str {
         Value::Nil => "<nil>",
         Value::Bool(_) => "bool",
         Value::Int(_) => "int",
+        Value::Float(_) => "float64",
+        Value::Complex(..) => "complex128",
         Value::Uint8(_) => "uint8",
         Value::Str(_) | Value::Secret(_) => "string",
         Value::List(_) => "[]string",
@@ -62,6 +65,11 @@ pub(super) fn sprintf(format: &str, args: &[Value]) -> String {
         if verb == '%' {
             out.push('%');
             continue;
+        }
+        // Go: `%+v` is "plusV" (struct field names), not a sign for numbers.
+        if verb == 'v' && spec.plus {
+            spec.plus = false;
+            spec.plus_v = true;
         }
         let Some(arg) = args.get(next) else {
             let _ = write!(out, "%!{verb}(MISSING)");
@@ -177,6 +185,7 @@ pub(super) fn action_text(v: &Value, out: &mut String) {
 struct Spec {
     minus: bool,
     plus: bool,
+    plus_v: bool,
     sharp: bool,
     space: bool,
     zero: bool,
@@ -198,13 +207,16 @@ fn pad(out: &mut String, s: &str, spec: &Spec) {
     }
 }
 
-fn bad_verb(v: &Value, verb: char, out: &mut String) {
+fn bad_verb(v: &Value, verb: char, spec: &Spec, out: &mut String) {
     if matches!(v, Value::Nil) {
         let _ = write!(out, "%!{verb}(<nil>)");
         return;
     }
+    // As Go: the value prints with `%v` and the same flags, width and precision.
     let _ = write!(out, "%!{verb}({}=", go_type(v));
-    format_arg(v, 'v', &Spec::default(), true, out);
+    let mut inner = String::new();
+    format_arg(v, 'v', spec, true, &mut inner);
+    pad(out, &inner, spec);
     out.push(')');
 }
 
@@ -214,58 +226,67 @@ fn format_arg(v: &Value, verb: char, spec: &Spec, pointer: bool, out: &mut Strin
         Value::Nil => match verb {
             'v' => out.push_str("<nil>"),
             'T' => out.push_str("<nil>"),
-            _ => bad_verb(v, verb, out),
+            _ => bad_verb(v, verb, spec, out),
         },
         Value::Bool(b) => match verb {
             'v' | 't' => out.push_str(if *b { "true" } else { "false" }),
             'T' => out.push_str("bool"),
-            _ => bad_verb(v, verb, out),
+            _ => bad_verb(v, verb, spec, out),
         },
+        Value::Float(f) => {
+            if verb == 'T' {
+                out.push_str("float64");
+            } else if !format_float(*f, verb, spec.precision, spec.plus, out) {
+                bad_verb(v, verb, spec, out);
+            }
+        }
+        Value::Complex(re, im) => {
+            if verb == 'T' {
+                out.push_str("complex128");
+            } else if !format_complex(
+                (*re, *im),
+                verb,
+                spec.precision,
+                spec.plus,
+                spec.width,
+                spec.minus,
+                out,
+            ) {
+                bad_verb(v, verb, spec, out);
+            }
+        }
         Value::Uint8(b) => match verb {
             'T' => out.push_str("uint8"),
             'v' | 'd' | 'x' | 'X' | 'o' | 'b' | 'c' | 'q' | 'U' => {
                 format_arg(&Value::Int(i64::from(*b)), verb, spec, pointer, out);
             }
-            _ => bad_verb(v, verb, out),
+            _ => bad_verb(v, verb, spec, out),
         },
         Value::Int(i) => match verb {
-            'v' | 'd' => {
-                if spec.plus && *i >= 0 {
+            'v' | 'd' | 'x' | 'X' | 'o' | 'b' => {
+                // Go's fmtInteger: the precision is a minimum digit count (0 and a zero value
+                // print nothing), then the sign.
+                let mag = i.unsigned_abs();
+                let mut digits = match verb {
+                    'x' => format!("{mag:x}"),
+                    'X' => format!("{mag:X}"),
+                    'o' => format!("{mag:o}"),
+                    'b' => format!("{mag:b}"),
+                    _ => format!("{mag}"),
+                };
+                if let Some(p) = spec.precision {
+                    if p == 0 && mag == 0 {
+                        digits.clear();
+                    } else if digits.len() < p {
+                        digits.insert_str(0, &"0".repeat(p - digits.len()));
+                    }
+                }
+                if *i < 0 {
+                    out.push('-');
+                } else if spec.plus {
                     out.push('+');
                 }
-                let _ = write!(out, "{i}");
-            }
-            'x' => {
-                let _ = write!(
-                    out,
-                    "{}{:x}",
-                    if *i < 0 { "-" } else { "" },
-                    i.unsigned_abs()
-                );
-            }
-            'X' => {
-                let _ = write!(
-                    out,
-                    "{}{:X}",
-                    if *i < 0 { "-" } else { "" },
-                    i.unsigned_abs()
-                );
-            }
-            'o' => {
-                let _ = write!(
-                    out,
-                    "{}{:o}",
-                    if *i < 0 { "-" } else { "" },
-                    i.unsigned_abs()
-                );
-            }
-            'b' => {
-                let _ = write!(
-                    out,
-                    "{}{:b}",
-                    if *i < 0 { "-" } else { "" },
-                    i.unsigned_abs()
-                );
+                out.push_str(&digits);
             }
             'c' => out.push(rune(*i)),
             'q' => quote_rune(rune(*i), out),
@@ -273,7 +294,7 @@ fn format_arg(v: &Value, verb: char, spec: &Spec, pointer: bool, out: &mut Strin
                 let _ = write!(out, "U+{:04X}", i);
             }
             'T' => out.push_str("int"),
-            _ => bad_verb(v, verb, out),
+            _ => bad_verb(v, verb, spec, out),
         },
         Value::Str(_) | Value::Secret(_) => {
             let s = match v {
@@ -303,7 +324,7 @@ fn format_arg(v: &Value, verb: char, spec: &Spec, pointer: bool, out: &mut Strin
                     }
                 }
                 'T' => out.push_str("string"),
-                _ => bad_verb(v, verb, out),
+                _ => bad_verb(v, verb, spec, out),
             }
         }
         Value::List(l) => {
@@ -356,7 +377,7 @@ fn format_arg(v: &Value, verb: char, spec: &Spec, pointer: bool, out: &mut Strin
                 if i > 0 {
                     out.push(' ');
                 }
-                if spec.plus {
+                if spec.plus_v {
                     out.push_str(name);
                     out.push(':');
                 }
@@ -375,10 +396,9 @@ fn rune(i: i64) -> char {
         .unwrap_or('\u{fffd}')
 }
 
-/// Go's `strconv.IsPrint`, close enough for the characters profiles hold: controls, the
-/// Unicode line and paragraph separators, the BOM and the soft hyphen are not printable.
+/// Go's `strconv.IsPrint`.
 fn printable(c: char) -> bool {
-    !(c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{ad}'))
+    super::unicode_print::is_print(c)
 }
 
 fn escape(c: char, quote_char: char, out: &mut String) {

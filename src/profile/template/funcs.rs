@@ -27,6 +27,8 @@ enum Kind {
     Bool,
     Int,
     Uint,
+    Float,
+    Complex,
     Str,
     Other,
 }
@@ -36,6 +38,8 @@ fn kind(v: &Value) -> Kind {
         Value::Bool(_) => Kind::Bool,
         Value::Int(_) => Kind::Int,
         Value::Uint8(_) => Kind::Uint,
+        Value::Float(_) => Kind::Float,
+        Value::Complex(..) => Kind::Complex,
         Value::Str(_) | Value::Secret(_) => Kind::Str,
         _ => Kind::Other,
     }
@@ -67,6 +71,8 @@ pub(super) fn go_eq(a: &Value, others: &[Value]) -> Result<bool, String> {
                     (Value::Bool(x), Value::Bool(y)) => x == y,
                     (Value::Int(x), Value::Int(y)) => x == y,
                     (Value::Uint8(x), Value::Uint8(y)) => x == y,
+                    (Value::Float(x), Value::Float(y)) => x == y,
+                    (Value::Complex(a, b), Value::Complex(c, d)) => a == c && b == d,
                     _ if ka == Kind::Str => a.as_str() == b.as_str(),
                     // Both without a basic kind: nil equals only nil, the data equals itself,
                     // maps are not comparable.
@@ -111,7 +117,8 @@ pub(super) fn go_lt(a: &Value, b: &Value) -> Result<bool, String> {
         ));
     }
     match (a, b) {
-        (Value::Bool(_), _) => Err("invalid type for comparison".into()),
+        (Value::Bool(_) | Value::Complex(..), _) => Err("invalid type for comparison".into()),
+        (Value::Float(x), Value::Float(y)) => Ok(x < y),
         _ => Ok(a.as_str() < b.as_str()),
     }
 }

@@ -13,15 +13,16 @@
 //! - variables: `$` (the root data), `{{ $x := pipeline }}`, `{{ $x = pipeline }}`,
 //!   `range $v := …`, `range $k, $v := …`, `with $x := …`;
 //! - operands: `.`, field chains `.A.B`, `$x.A`, `(pipeline).A`, string literals (`"…"` with Go
-//!   escapes and raw `` `…` ``), integers, `true`, `false`, `nil`;
+//!   escapes and raw `` `…` ``), numbers as Go reads them (integers with base prefixes and
+//!   underscores, floats incl. hexadecimal ones, imaginary and complex constants, `'a'`
+//!   character constants; see `number.rs`), `true`, `false`, `nil`;
 //! - pipelines `a | b | c` (the previous result is the last argument of the next command);
 //! - `define` / `template` / `block`, `break` / `continue`;
 //! - functions: `eq`, `ne`, `lt`, `le`, `gt`, `ge`, `not`, `and`, `or` (short-circuit), `len`,
 //!   `index`, `print`, `println`, `printf`, `html`, `urlquery`, `call` (the data holds no
 //!   functions, so a `call` that runs fails, as in Go).
 //!
-//! Not supported (a parse error naming the construct): `slice`, `js`, floats, char
-//! constants. `quote` and `default` are sprig functions, which the Go provider never loaded, so
+//! Not supported (a parse error naming the construct): `slice`, `js`. `quote` and `default` are sprig functions, which the Go provider never loaded, so
 //! no existing profile can use them; they are unknown functions here too. docs/join-profiles.md
 //! has the exact list, measured against Go by the oracle tier.
 //!
@@ -32,9 +33,12 @@
 
 mod exec;
 mod fmt;
+mod fmt_float;
 mod funcs;
 mod lexer;
+mod number;
 mod parser;
+mod unicode_print;
 mod values;
 
 pub use values::{ContextData, Value};

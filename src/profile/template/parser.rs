@@ -1,6 +1,7 @@
 //! The parser: actions into a tree of nodes.
 
 use super::lexer::{Item, PResult, Tok, Token};
+use super::number::{Const, constant};
 
 // ---------------------------------------------------------------------------------------------
 // AST
@@ -75,7 +76,7 @@ pub(super) enum OpKind {
     Var(String, Vec<String>),
     Func(String),
     Str(String),
-    Int(i64),
+    Num(Const),
     Bool(bool),
     Nil,
     Sub(Box<Pipeline>, Vec<String>),
@@ -410,13 +411,26 @@ impl Parser {
             if args.len() > 1 && !matches!(args[0].kind, OpKind::Func(_)) {
                 return Err((args[1].pos, "can't give argument to non-function".into()));
             }
+            // As Go's checkPipeline: only the first command may be a constant or `.`.
+            if !cmds.is_empty()
+                && matches!(
+                    args[0].kind,
+                    OpKind::Bool(_) | OpKind::Dot | OpKind::Nil | OpKind::Num(_) | OpKind::Str(_)
+                )
+            {
+                return Err((
+                    args[0].pos,
+                    format!(
+                        "non executable command in pipeline stage {}",
+                        cmds.len() + 1
+                    ),
+                ));
+            }
             cmds.push(Command { args });
+            i += 1; // the pipe
+            // As Go: a pipe at the end of the pipeline is allowed (`{{ .A | }}`).
             if i >= toks.len() {
                 return Ok(cmds);
-            }
-            i += 1; // the pipe
-            if i >= toks.len() {
-                return Err((toks[i - 1].pos, "missing command after |".into()));
             }
         }
     }
@@ -453,7 +467,10 @@ impl Parser {
                 (OpKind::Var(name.clone(), chain), next)
             }
             Tok::Str(s) => (OpKind::Str(s.clone()), i + 1),
-            Tok::Int(n) => (OpKind::Int(*n), i + 1),
+            Tok::Num(text, complex) => (
+                OpKind::Num(constant(text, *complex).map_err(|m| (pos, m))?),
+                i + 1,
+            ),
             Tok::Ident(k) => match k.as_str() {
                 "true" => (OpKind::Bool(true), i + 1),
                 "false" => (OpKind::Bool(false), i + 1),
@@ -494,7 +511,7 @@ impl Parser {
                 return Err((pos, "unexpected declaration or assignment".into()));
             }
         };
-        if matches!(kind, OpKind::Dot | OpKind::Str(_) | OpKind::Int(_))
+        if matches!(kind, OpKind::Dot | OpKind::Str(_) | OpKind::Num(_))
             && let Some(Token {
                 tok: Tok::Field(_),
                 spaced: false,

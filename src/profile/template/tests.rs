@@ -242,9 +242,13 @@ fn unknown_functions_and_parse_errors_have_positions() {
     );
     assert!(Template::parse("{{ \"abc }}").is_err());
     assert!(Template::parse("{{ }}").is_err());
-    assert!(Template::parse("{{ .A | }}").is_err());
+    assert!(Template::parse("{{ .A | | len }}").is_err());
+    // As Go: a trailing pipe is allowed, a constant after a pipe is not.
+    assert!(Template::parse("{{ .A | }}").is_ok());
+    assert!(Template::parse("{{ .A | \"a\" }}").is_err());
+    assert!(Template::parse("{{ .A | 1.5 }}").is_err());
     assert!(Template::parse("{{ .A .B }}").is_err());
-    assert!(Template::parse("{{ 1.5 }}").is_err());
+    assert!(Template::parse("{{ 1.5x }}").is_err());
     assert!(Template::parse("{{ (.A }}").is_err());
     // As Go: assigning an undeclared variable parses and fails when it runs.
     assert!(Template::parse("{{ $y = 1 }}").is_ok());
@@ -354,4 +358,51 @@ fn define_template_block_break_continue() {
             .msg
             .contains("depth")
     );
+}
+
+#[test]
+fn number_and_character_constants_as_go() {
+    for (src, want) in [
+        ("{{1.5}}", "1.5"),
+        ("{{1e6}}", "1e+06"),
+        ("{{.5}} {{-.5}} {{1.}}", "0.5 -0.5 1"),
+        ("{{-0x1E}} {{0x1E}}", "-30 30"),
+        ("{{0x1p-2}} {{1_000}} {{017}} {{0b101}}", "0.25 1000 15 5"),
+        ("{{'a'}} {{'\\n'}} {{'é'}} {{'\\xff'}}", "97 10 233 255"),
+        ("{{1i}} {{1-2.5i}} {{-0i}}", "(0+1i) (1-2.5i) (0-0i)"),
+        (
+            "{{printf \"%T %T %T %T %T\" 1 1.0 'a' 1i -0x1E}}",
+            "int float64 int complex128 float64",
+        ),
+        ("{{0.00001}} {{123456.7}} {{-0.0}}", "1e-05 123456.7 -0"),
+        (
+            "{{printf \"%.2f|%e|%g|%d\" 3.14159 1234.5 0.000012345 1.5}}",
+            "3.14|1.234500e+03|1.2345e-05|%!d(float64=1.5)",
+        ),
+        (
+            "{{lt 1.5 2.5}} {{eq 1i 1i}} {{if 0.0}}t{{else}}f{{end}}",
+            "true true f",
+        ),
+    ] {
+        assert_eq!(render(src).unwrap(), want, "{src}");
+    }
+    for bad in [
+        "{{08}}",
+        "{{1__0}}",
+        "{{'ab'}}",
+        "{{''}}",
+        "{{1e400}}",
+        "{{99999999999999999999}}",
+        "{{0x1.8}}",
+        "{{'\\\"'}}",
+        "{{1.5.x}}",
+        "{{0x10+1i}}",
+        "{{'a}}",
+    ] {
+        assert!(Template::parse(bad).is_err(), "{bad}");
+    }
+    // Fits a uint64, not an int: parses and fails when it runs, as in Go.
+    assert!(render("{{9223372036854775808}}").is_err());
+    assert!(render("{{eq 1.0 1}}").is_err());
+    assert!(render("{{lt 1i 2i}}").is_err());
 }

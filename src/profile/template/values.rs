@@ -10,6 +10,10 @@ pub enum Value {
     Nil,
     Bool(bool),
     Int(i64),
+    /// A float64 constant (`1.5`, `1e3`).
+    Float(f64),
+    /// A complex128 constant (`1i`, `1+2i`): real and imaginary part.
+    Complex(f64, f64),
     /// A byte: what `index` yields on a string (Go's `uint8`).
     Uint8(u8),
     Str(String),
@@ -78,6 +82,8 @@ impl Value {
             Value::Nil => "nil",
             Value::Bool(_) => "bool",
             Value::Int(_) => "int",
+            Value::Float(_) => "float64",
+            Value::Complex(..) => "complex128",
             Value::Uint8(_) => "uint8",
             Value::Str(_) | Value::Secret(_) => "string",
             Value::List(_) => "list",
@@ -100,6 +106,8 @@ impl Value {
             Value::Nil => false,
             Value::Bool(b) => *b,
             Value::Int(i) => *i != 0,
+            Value::Float(f) => *f != 0.0,
+            Value::Complex(re, im) => *re != 0.0 || *im != 0.0,
             Value::Uint8(b) => *b != 0,
             Value::Str(s) => !s.is_empty(),
             Value::Secret(s) => !s.is_empty(),
