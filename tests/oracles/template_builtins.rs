@@ -4,6 +4,7 @@
 //! not run) and is compared with Go's `text/template` as in `templates.rs`: the same
 //! accept/reject at parse time, at render time and for the leave rule, byte-identical output.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -11,18 +12,24 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use crate::support::{Oracle, cases};
-use crate::templates::{Answer, compare, data, operand, text};
+use crate::templates::{Answer, Data, compare, data, operand, text};
 
-/// Runs `src` (a strategy of template texts) against the oracle, `cases()` times, and checks
-/// that Go both rendered and rejected some of them (else the generator tests nothing).
+/// Runs `src` (a strategy of template texts) against the oracle on generated data,
+/// `cases()` times (see [`against_go_with`]).
 fn against_go(what: &str, src: BoxedStrategy<String>) {
+    against_go_with(what, (src, data()).boxed());
+}
+
+/// Runs `cases` (template text and data) against the oracle, `cases()` times, and checks that
+/// Go both rendered and rejected some of them (else the generator tests nothing).
+fn against_go_with(what: &str, cases_of: BoxedStrategy<(String, Data)>) {
     let oracle = Mutex::new(Oracle::start("template"));
     let tally = [AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)];
     let config = ProptestConfig {
         cases: cases(),
         ..ProptestConfig::default()
     };
-    proptest!(config, |(src in src, data in data())| {
+    proptest!(config, |((src, data) in cases_of)| {
         let go: Answer = oracle
             .lock()
             .unwrap()
@@ -39,7 +46,8 @@ fn against_go(what: &str, src: BoxedStrategy<String>) {
     });
     let [parse, exec, ok] = tally.map(|t| t.into_inner());
     eprintln!(
-        "{what}: {} cases, 0 differences (Go: {parse} parse errors, {exec} exec errors, {ok} rendered)",
+        "{what}: {} cases, 0 differences (Go: {parse} parse errors, {exec} exec errors, {ok} \
+         rendered)",
         parse + exec + ok
     );
     assert!(
@@ -267,4 +275,39 @@ fn s61_number_constants_as_go() {
 fn s61_character_constants_as_go() {
     let c = character();
     against_go("characters", positions(with_constant(c.clone()), c));
+}
+
+/// `js` on arbitrary text — every control character, `\` `'` `"` `<` `>` `&` `=`, printable and
+/// non-printable runes past ASCII (NBSP, soft hyphen, U+2028, BOM, unassigned, private use,
+/// astral) — and on mixed arguments (nil, numbers, several strings), against Go's `JSEscape`.
+#[test]
+fn s61_js_escapes_as_go() {
+    let text = || {
+        proptest::string::string_regex(
+            "([\\x00-\\x1f\\x7f a-z0-9<>&='\"\\\\/+%.-]|é|日|😀|\u{85}|\u{a0}|\u{ad}|\u{2028}|\u{feff}|\u{378}|\u{e000}|\u{1ffff}|\u{10ffff}|\u{fffd}){0,10}",
+        )
+        .expect("a valid regex")
+    };
+    let src = prop_oneof![
+        3 => Just("{{js .NodeName}}|{{js .NodeName .HostAddress 1 nil}}|{{.HostAddress | js}}|{{js}}|\
+              {{js .Vars.k1 \"<=>\"}}|{{js (print .NodeName 1.5)}}|{{js .Secrets.s1 .Vars}}|\
+              {{js 'a' 1i true}}"),
+        3 => Just("{{printf \"%q\" .NodeName}}|{{printf \"%q\" (js .HostAddress)}}|\
+              {{html (js .Vars.k1)}}|{{urlquery (js .NodeName)}}"),
+        1 => Just("{{js .NodeName}}|{{js .Vars.nope}}"),
+        1 => Just("{{js .NodeName}}|{{js .Nope}}"),
+    ]
+    .prop_map(str::to_string);
+    let case = (src, text(), text(), text(), text()).prop_map(|(src, name, host, k1, s1)| {
+        let mut fields: [String; 9] = Default::default();
+        fields[3] = name;
+        fields[7] = host;
+        let data = Data {
+            fields,
+            vars: Some(BTreeMap::from([("k1".to_string(), k1)])),
+            secrets: Some(BTreeMap::from([("s1".to_string(), s1)])),
+        };
+        (src, data)
+    });
+    against_go_with("js", case.boxed());
 }

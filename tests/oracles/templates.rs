@@ -101,7 +101,7 @@ pub(crate) fn command(depth: u32) -> BoxedStrategy<String> {
         2 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("index {x} {y}")),
         1 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("print {x} {y}")),
         1 => a.clone().prop_map(|x| format!("println {x}")),
-        2 => (prop_oneof![Just("html"), Just("urlquery")], prop::collection::vec(a.clone(), 0..3))
+        2 => (prop_oneof![Just("html"), Just("urlquery"), Just("js")], prop::collection::vec(a.clone(), 0..3))
             .prop_map(|(f, xs)| format!("{f} {}", xs.join(" "))),
         2 => (prop_oneof![
                 Just("\"%s\""), Just("\"%v-%d\""), Just("\"%q %%\""), Just("\"<%s|%v>\""),
@@ -125,6 +125,7 @@ fn pipeline() -> BoxedStrategy<String> {
                 Just("index .Vars".to_string()),
                 Just("html".to_string()),
                 Just("urlquery".to_string()),
+                Just("js".to_string()),
             ],
             0..2,
         ),

@@ -1,6 +1,7 @@
 //! Execution: a parsed tree against the data.
 
 use super::Value;
+use super::escape::{html_escape, js_escape, query_escape};
 use super::fmt;
 use super::funcs::{field, go_eq, go_lt};
 use super::number::Const;
@@ -23,7 +24,8 @@ pub(super) struct Exec<'a> {
     /// `$`: the data, or the value a `{{template}}` call passed.
     pub(super) root: Value,
     pub(super) vars: Vec<(String, Value)>,
-    pub(super) out: String,
+    /// What the template printed: bytes, as Go strings are.
+    pub(super) out: Vec<u8>,
     pub(super) defines: &'a [(String, Vec<Node>)],
     pub(super) depth: usize,
     flow: Option<Flow>,
@@ -36,7 +38,7 @@ impl<'a> Exec<'a> {
         Exec {
             root,
             vars: Vec::new(),
-            out: String::new(),
+            out: Vec::new(),
             defines,
             depth: 0,
             flow: None,
@@ -76,7 +78,7 @@ impl<'a> Exec<'a> {
                     self.vars = vars;
                     ran?;
                 }
-                Node::Text(t) => self.out.push_str(t),
+                Node::Text(t) => self.out.extend_from_slice(t.as_bytes()),
                 Node::Action(p) => {
                     let v = self.pipeline(p, dot)?;
                     if p.decl.is_empty() {
@@ -323,6 +325,7 @@ impl<'a> Exec<'a> {
                 let n = match &vals[0] {
                     Value::Str(s) => s.len(),
                     Value::Secret(s) => s.expose().len(),
+                    Value::Bytes(b) => b.0.len(),
                     Value::List(l) => l.len(),
                     Value::Map(m) => m.len(),
                     Value::NilMap => 0,
@@ -360,13 +363,17 @@ impl<'a> Exec<'a> {
                 let mut cur = vals[0].clone();
                 for k in &vals[1..] {
                     cur = match (cur, k) {
-                        (Value::NilMap, k) if k.as_str().is_some() => Value::Str(String::new()),
+                        (Value::NilMap, k) if k.as_bytes().is_some() => Value::Str(String::new()),
                         (Value::Map(mut m), k) => {
-                            let key = k.as_str().ok_or((
+                            let key = k.as_bytes().ok_or((
                                 pos,
                                 format!("cannot index a map with a {}", k.type_name()),
                             ))?;
-                            m.remove(key).unwrap_or(Value::Str(String::new()))
+                            // A key that is not UTF-8 is in no map (their keys are).
+                            std::str::from_utf8(key)
+                                .ok()
+                                .and_then(|k| m.remove(k))
+                                .unwrap_or(Value::Str(String::new()))
                         }
                         (Value::List(mut l), Value::Int(i)) => {
                             let idx = usize::try_from(*i)
@@ -376,8 +383,11 @@ impl<'a> Exec<'a> {
                             l.swap_remove(idx)
                         }
                         // A string indexes to its byte (Go's uint8).
-                        (c @ (Value::Str(_) | Value::Secret(_)), Value::Int(i)) => {
-                            let bytes = c.as_str().unwrap_or_default().as_bytes();
+                        (
+                            c @ (Value::Str(_) | Value::Secret(_) | Value::Bytes(_)),
+                            Value::Int(i),
+                        ) => {
+                            let bytes = c.as_bytes().unwrap_or_default();
                             let b = usize::try_from(*i)
                                 .ok()
                                 .and_then(|i| bytes.get(i))
@@ -415,17 +425,18 @@ impl<'a> Exec<'a> {
                     ),
                 )),
             },
-            "print" | "println" => Ok(Value::Str(fmt::sprint(&vals, name == "println"))),
-            "html" => Ok(Value::Str(fmt::html_escape(&fmt::eval_args(&vals)))),
-            "urlquery" => Ok(Value::Str(fmt::query_escape(&fmt::eval_args(&vals)))),
+            "print" | "println" => Ok(Value::from_bytes(fmt::sprint(&vals, name == "println"))),
+            "html" => Ok(Value::from_bytes(html_escape(&fmt::eval_args(&vals)))),
+            "js" => Ok(Value::from_bytes(js_escape(&fmt::eval_args(&vals)))),
+            "urlquery" => Ok(Value::from_bytes(query_escape(&fmt::eval_args(&vals)))),
             "printf" => {
-                let Some(format) = vals.first().and_then(Value::as_str) else {
+                let Some(format) = vals.first().and_then(Value::as_bytes) else {
                     return Err((
                         pos,
                         "printf needs a string format as its first argument".into(),
                     ));
                 };
-                Ok(Value::Str(fmt::sprintf(format, &vals[1..])))
+                Ok(Value::from_bytes(fmt::sprintf(format, &vals[1..])))
             }
             _ => Err((pos, format!("function \"{name}\" not defined"))),
         }

@@ -40,7 +40,7 @@ fn kind(v: &Value) -> Kind {
         Value::Uint8(_) => Kind::Uint,
         Value::Float(_) => Kind::Float,
         Value::Complex(..) => Kind::Complex,
-        Value::Str(_) | Value::Secret(_) => Kind::Str,
+        Value::Str(_) | Value::Secret(_) | Value::Bytes(_) => Kind::Str,
         _ => Kind::Other,
     }
 }
@@ -73,7 +73,7 @@ pub(super) fn go_eq(a: &Value, others: &[Value]) -> Result<bool, String> {
                     (Value::Uint8(x), Value::Uint8(y)) => x == y,
                     (Value::Float(x), Value::Float(y)) => x == y,
                     (Value::Complex(a, b), Value::Complex(c, d)) => a == c && b == d,
-                    _ if ka == Kind::Str => a.as_str() == b.as_str(),
+                    _ if ka == Kind::Str => a.as_bytes() == b.as_bytes(),
                     // Both without a basic kind: nil equals only nil, the data equals itself,
                     // maps are not comparable.
                     (Value::Nil, other) | (other, Value::Nil) => {
@@ -119,6 +119,6 @@ pub(super) fn go_lt(a: &Value, b: &Value) -> Result<bool, String> {
     match (a, b) {
         (Value::Bool(_) | Value::Complex(..), _) => Err("invalid type for comparison".into()),
         (Value::Float(x), Value::Float(y)) => Ok(x < y),
-        _ => Ok(a.as_str() < b.as_str()),
+        _ => Ok(a.as_bytes() < b.as_bytes()),
     }
 }

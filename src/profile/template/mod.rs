@@ -19,10 +19,12 @@
 //! - pipelines `a | b | c` (the previous result is the last argument of the next command);
 //! - `define` / `template` / `block`, `break` / `continue`;
 //! - functions: `eq`, `ne`, `lt`, `le`, `gt`, `ge`, `not`, `and`, `or` (short-circuit), `len`,
-//!   `index`, `print`, `println`, `printf`, `html`, `urlquery`, `call` (the data holds no
-//!   functions, so a `call` that runs fails, as in Go).
+//!   `index`, `print`, `println`, `printf`, `html`, `js`, `urlquery` (escape.rs), `call` (the
+//!   data holds no functions, so a `call` that runs fails, as in Go).
 //!
-//! Not supported (a parse error naming the construct): `slice`, `js`. `quote` and `default` are sprig functions, which the Go provider never loaded, so
+//! Strings are Go strings: bytes, not necessarily UTF-8 (`Value::Bytes`), and so is the output.
+//!
+//! Not supported (a parse error naming the construct): `slice`. `quote` and `default` are sprig functions, which the Go provider never loaded, so
 //! no existing profile can use them; they are unknown functions here too. docs/join-profiles.md
 //! has the exact list, measured against Go by the oracle tier.
 //!
@@ -31,6 +33,7 @@
 //! mismatched argument is an error instead of `%!s(MISSING)`; error texts never contain evaluated
 //! values (only names that appear in the template text).
 
+mod escape;
 mod exec;
 mod fmt;
 mod fmt_float;
@@ -41,7 +44,7 @@ mod parser;
 mod unicode_print;
 mod values;
 
-pub use values::{ContextData, Value};
+pub use values::{ContextData, RawStr, Value};
 
 use exec::Exec;
 use lexer::{Lexer, line_col};
@@ -119,7 +122,7 @@ impl Template {
             let (line, col) = line_col(&self.src, pos);
             TemplateError { line, col, msg }
         })?;
-        Ok(ex.out.into_bytes())
+        Ok(ex.out)
     }
 }
 

@@ -90,9 +90,9 @@ pub(super) struct Operand {
 
 pub(super) const FUNCS: &[&str] = &[
     "and", "or", "not", "eq", "ne", "lt", "le", "gt", "ge", "len", "index", "print", "printf",
-    "println", "html", "urlquery", "call",
+    "println", "html", "urlquery", "call", "js",
 ];
-pub(super) const UNSUPPORTED: &[&str] = &["slice", "js"];
+pub(super) const UNSUPPORTED: &[&str] = &["slice"];
 
 pub(super) enum Terminator {
     Eof,

@@ -406,3 +406,18 @@ fn number_and_character_constants_as_go() {
     assert!(render("{{eq 1.0 1}}").is_err());
     assert!(render("{{lt 1i 2i}}").is_err());
 }
+
+#[test]
+fn js_escapes_as_go() {
+    assert_eq!(
+        render("{{js \"<a href='x'>\\\\\\\"&=\\x01\\u00a0\\u2028é😀\"}}").unwrap(),
+        "\\u003Ca href\\u003D\\'x\\'\\u003E\\\\\\\"\\u0026\\u003D\\u0001\\u00A0\\u2028é😀"
+    );
+    // Arguments as text/template's evalArgs joins them; an unassigned astral rune is escaped
+    // with five hex digits, as Go's %04X does.
+    assert_eq!(
+        render("{{js 1 2 nil}}").unwrap(),
+        "1 2\\u003Cno value\\u003E"
+    );
+    assert_eq!(render("{{js \"\\U0001FFFF\"}}").unwrap(), "\\u1FFFF");
+}
