@@ -311,3 +311,51 @@ fn s61_js_escapes_as_go() {
     });
     against_go_with("js", case.boxed());
 }
+
+/// `slice` on strings (ASCII and multi-byte, cut inside a character too), secrets, maps, the
+/// data, nil and numbers, with zero to four indexes (ints in and out of range, negative, nil,
+/// floats, characters, strings, computed), its result printed, quoted, measured, indexed,
+/// compared, escaped and sliced again.
+#[test]
+fn s61_slice_as_go() {
+    let item = prop_oneof![
+        1 => operand(),
+        4 => prop_oneof![
+            Just("\"é日😀x\""), Just("\"abcdef\""), Just("\"ü\""), Just(".Secrets.s1"),
+            Just(".NodeName"), Just("(print .HostAddress \"é\")"),
+        ]
+        .prop_map(str::to_string),
+    ]
+    .boxed();
+    let index = prop_oneof![
+        12 => (0..4i32).prop_map(|i| i.to_string()),
+        2 => (4..8i32).prop_map(|i| i.to_string()),
+        1 => prop_oneof![
+            Just("-1"), Just("9223372036854775807"), Just("nil"), Just("1.0"), Just("'a'"),
+            Just("\"1\""), Just("(len .NodeName)"), Just("(index \"ab\" 0)"), Just(".NodeName"),
+            Just("$v"),
+        ]
+        .prop_map(str::to_string),
+    ];
+    let count = prop_oneof![4 => 0..3usize, 1 => 3..5usize];
+    let slice = (
+        item.clone(),
+        count.prop_flat_map(move |n| prop::collection::vec(index.clone(), n)),
+    )
+        .prop_map(|(x, idx)| format!("slice {x} {}", idx.join(" ")))
+        .boxed();
+    let used = prop_oneof![
+        4 => slice.clone(),
+        1 => slice.clone().prop_map(|s| format!("printf \"%q|%x|%5s|%.1s|%v\" ({s}) ({s}) ({s}) ({s}) ({s})")),
+        1 => slice.clone().prop_map(|s| format!("len ({s})")),
+        1 => slice.clone().prop_map(|s| format!("index ({s}) 0")),
+        1 => slice.clone().prop_map(|s| format!("eq ({s}) \"bc\" \"\"")),
+        1 => (prop_oneof![Just("js"), Just("html"), Just("urlquery"), Just("print")], slice.clone())
+            .prop_map(|(f, s)| format!("{f} ({s})")),
+        1 => slice.clone().prop_map(|s| format!("slice ({s}) 1")),
+        1 => slice.clone().prop_map(|s| format!("index .Vars ({s})")),
+        1 => slice.prop_map(|s| format!("if ({s})}}}}t{{{{else}}}}f{{{{end")),
+    ]
+    .boxed();
+    against_go("slice", positions(used, item));
+}

@@ -99,6 +99,8 @@ pub(crate) fn command(depth: u32) -> BoxedStrategy<String> {
         1 => a.clone().prop_map(|x| format!("not {x}")),
         1 => a.clone().prop_map(|x| format!("len {x}")),
         2 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("index {x} {y}")),
+        1 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("slice {x} {y}")),
+        1 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("call {x} {y}")),
         1 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("print {x} {y}")),
         1 => a.clone().prop_map(|x| format!("println {x}")),
         2 => (prop_oneof![Just("html"), Just("urlquery"), Just("js")], prop::collection::vec(a.clone(), 0..3))

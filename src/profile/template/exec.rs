@@ -3,7 +3,7 @@
 use super::Value;
 use super::escape::{html_escape, js_escape, query_escape};
 use super::fmt;
-use super::funcs::{field, go_eq, go_lt};
+use super::funcs::{field, go_eq, go_lt, go_slice};
 use super::number::Const;
 use super::parser::{Command, Node, OpKind, Operand, Pipeline};
 
@@ -408,6 +408,15 @@ impl<'a> Exec<'a> {
                 }
                 Ok(cur)
             }
+            "slice" => match vals.split_first() {
+                None => Err((
+                    pos,
+                    "wrong number of args for slice: want at least 1 got 0".into(),
+                )),
+                Some((item, indexes)) => {
+                    go_slice(item, indexes).map_err(|m| (pos, format!("error calling slice: {m}")))
+                }
+            },
             // Go's `call fn args…` calls a func value; the template data has none (no field of
             // the Go provider's `profile.Context` and no value a template makes is a func), so
             // every call that runs fails, as in Go, once its arguments are evaluated.

@@ -122,3 +122,62 @@ pub(super) fn go_lt(a: &Value, b: &Value) -> Result<bool, String> {
         _ => Ok(a.as_bytes() < b.as_bytes()),
     }
 }
+
+/// Go's `slice item indexes…`: a string (up to two indexes) or a list (up to three), each index
+/// an integer within the length, `i <= j <= k`. A string's slice is bytes, cut where the indexes
+/// say (possibly inside a character); a secret's stays a secret while it is UTF-8.
+pub(super) fn go_slice(item: &Value, indexes: &[Value]) -> Result<Value, String> {
+    let len = match item {
+        Value::Nil => return Err("slice of untyped nil".into()),
+        Value::List(l) => l.len(),
+        v => match v.as_bytes() {
+            Some(b) => b.len(),
+            None => {
+                let t = match v {
+                    Value::Root(_) => "profile.Context",
+                    v => super::fmt::go_type(v),
+                };
+                return Err(format!("can't slice item of type {t}"));
+            }
+        },
+    };
+    if indexes.len() > 3 {
+        return Err(format!("too many slice indexes: {}", indexes.len()));
+    }
+    if indexes.len() == 3 && item.as_bytes().is_some() {
+        return Err("cannot 3-index slice a string".into());
+    }
+    let mut idx = [0, len, len];
+    for (slot, index) in idx.iter_mut().zip(indexes) {
+        let x = match index {
+            Value::Int(i) => *i,
+            Value::Uint8(b) => i64::from(*b),
+            Value::Nil => return Err("cannot index slice/array with nil".into()),
+            other => {
+                return Err(format!(
+                    "cannot index slice/array with type {}",
+                    super::fmt::go_type(other)
+                ));
+            }
+        };
+        *slot = usize::try_from(x)
+            .ok()
+            .filter(|x| *x <= len)
+            .ok_or_else(|| format!("index out of range: {x}"))?;
+    }
+    if idx[0] > idx[1] {
+        return Err(format!("invalid slice index: {} > {}", idx[0], idx[1]));
+    }
+    if indexes.len() == 3 && idx[1] > idx[2] {
+        return Err(format!("invalid slice index: {} > {}", idx[1], idx[2]));
+    }
+    let (i, j) = (idx[0], idx[1]);
+    Ok(match item {
+        Value::List(l) => Value::List(l[i..j].to_vec()),
+        Value::Secret(s) => match s.expose().get(i..j) {
+            Some(part) => Value::Secret(crate::secret::Secret::new(part)),
+            None => Value::from_bytes(s.expose().as_bytes()[i..j].to_vec()),
+        },
+        v => Value::from_bytes(v.as_bytes().unwrap_or_default()[i..j].to_vec()),
+    })
+}

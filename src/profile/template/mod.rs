@@ -19,19 +19,24 @@
 //! - pipelines `a | b | c` (the previous result is the last argument of the next command);
 //! - `define` / `template` / `block`, `break` / `continue`;
 //! - functions: `eq`, `ne`, `lt`, `le`, `gt`, `ge`, `not`, `and`, `or` (short-circuit), `len`,
-//!   `index`, `print`, `println`, `printf`, `html`, `js`, `urlquery` (escape.rs), `call` (the
-//!   data holds no functions, so a `call` that runs fails, as in Go).
+//!   `index`, `slice` (strings and lists, Go's index rules; a string may be cut inside a
+//!   character), `print`, `println`, `printf`, `html`, `js`, `urlquery` (escape.rs), `call`
+//!   (the data holds no functions, so a `call` that runs fails, as in Go).
 //!
 //! Strings are Go strings: bytes, not necessarily UTF-8 (`Value::Bytes`), and so is the output.
+//! Values print as Go's `fmt` prints them, `{{ . }}` included (the data as the Go provider's
+//! struct, secrets and all, exactly as Go would print it); `printf` keeps Go's in-band errors
+//! (`%!s(MISSING)`, `%!d(string=x)`, `%!(EXTRA …)`).
 //!
-//! Not supported (a parse error naming the construct): `slice`. `quote` and `default` are sprig functions, which the Go provider never loaded, so
-//! no existing profile can use them; they are unknown functions here too. docs/join-profiles.md
-//! has the exact list, measured against Go by the oracle tier.
+//! `quote` and `default` are sprig functions, which the Go provider never loaded, so no existing
+//! profile can use them; they are unknown functions here too. docs/join-profiles.md has the
+//! exact list, measured against Go by the oracle tier (`cargo test --test oracles s61`).
 //!
-//! Deviations from Go: printing the whole root data (`{{ . }}` at the top level, `{{ $ }}`) is an
-//! error instead of a struct dump (it would print every secret); `printf` with a missing or
-//! mismatched argument is an error instead of `%!s(MISSING)`; error texts never contain evaluated
-//! values (only names that appear in the template text).
+//! Deviations from Go: error texts never contain evaluated values (only names that appear in
+//! the template text) and are worded differently (accept/reject is Go's); `{{template}}` calls
+//! nest at most 200 deep (Go: 100,000); the data's methods (`.Env`, `.Redact` of the Go
+//! provider's `profile.Context`) are unknown fields; `printf` flags `#`, ` ` and `0`, the float
+//! verbs `%x`, `%X`, `%b`, and widths inside maps and structs are not Go's.
 
 mod escape;
 mod exec;

@@ -90,9 +90,8 @@ pub(super) struct Operand {
 
 pub(super) const FUNCS: &[&str] = &[
     "and", "or", "not", "eq", "ne", "lt", "le", "gt", "ge", "len", "index", "print", "printf",
-    "println", "html", "urlquery", "call", "js",
+    "println", "html", "urlquery", "call", "js", "slice",
 ];
-pub(super) const UNSUPPORTED: &[&str] = &["slice"];
 
 pub(super) enum Terminator {
     Eof,
@@ -190,9 +189,6 @@ impl Parser {
                             } else {
                                 Node::Continue
                             });
-                        }
-                        Tok::Ident(k) if UNSUPPORTED.contains(&k.as_str()) => {
-                            return Err((first.pos, format!("\"{k}\" is not supported")));
                         }
                         _ => {
                             let pipe = self.pipeline(pos, &toks, true)?;
@@ -476,9 +472,6 @@ impl Parser {
                 "false" => (OpKind::Bool(false), i + 1),
                 "nil" => (OpKind::Nil, i + 1),
                 _ if FUNCS.contains(&k.as_str()) => (OpKind::Func(k.clone()), i + 1),
-                _ if UNSUPPORTED.contains(&k.as_str()) => {
-                    return Err((pos, format!("function \"{k}\" is not supported")));
-                }
                 "if" | "else" | "end" | "range" | "with" => {
                     return Err((pos, format!("unexpected \"{k}\" in command")));
                 }

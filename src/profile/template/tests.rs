@@ -36,6 +36,10 @@ fn render(src: &str) -> Result<String, TemplateError> {
     Ok(String::from_utf8(out).unwrap())
 }
 
+fn render_bytes(src: &str) -> Vec<u8> {
+    Template::parse(src).unwrap().render(&root()).unwrap()
+}
+
 fn err(src: &str) -> TemplateError {
     match render(src) {
         Ok(s) => panic!("expected an error for {src:?}, got {s:?}"),
@@ -220,12 +224,6 @@ fn unknown_functions_and_parse_errors_have_positions() {
     assert_eq!((e.line, e.col), (2, 7));
     assert!(e.msg.contains("function \"quote\" not defined"), "{e}");
     assert!(Template::parse("{{ default \"x\" .A }}").is_err());
-    assert!(
-        Template::parse("{{ slice .A 1 }}")
-            .unwrap_err()
-            .msg
-            .contains("not supported")
-    );
     assert!(
         Template::parse("{{ if .A }}")
             .unwrap_err()
@@ -420,4 +418,42 @@ fn js_escapes_as_go() {
         "1 2\\u003Cno value\\u003E"
     );
     assert_eq!(render("{{js \"\\U0001FFFF\"}}").unwrap(), "\\u1FFFF");
+}
+
+#[test]
+fn slice_as_go() {
+    let ok = |src: &str| render(src).unwrap();
+    assert_eq!(
+        ok("{{slice \"abcdef\" 1 3}}|{{slice \"abc\" 1}}|{{slice \"abc\"}}"),
+        "bc|bc|abc"
+    );
+    assert_eq!(
+        ok("{{slice .List 1}}|{{slice .List 0 1 2}}|{{len (slice .List 2)}}"),
+        "[y]|[x]|0"
+    );
+    // Cut inside a character: the bytes, as Go prints them.
+    assert_eq!(
+        render_bytes(
+            "{{slice \"é\" 0 1}}|{{len (slice \"é\" 1)}}|{{printf \"%q\" (slice \"é\" 1)}}"
+        ),
+        b"\xc3|1|\"\\xa9\"".to_vec()
+    );
+    for bad in [
+        "{{slice}}",
+        "{{slice nil}}",
+        "{{slice 1}}",
+        "{{slice .Vars 0}}",
+        "{{slice . 0}}",
+        "{{slice \"abc\" 1 2 3}}",
+        "{{slice .List 0 1 2 3}}",
+        "{{slice \"abc\" 4}}",
+        "{{slice \"abc\" -1}}",
+        "{{slice \"abc\" 2 1}}",
+        "{{slice .List 0 2 1}}",
+        "{{slice \"abc\" nil}}",
+        "{{slice \"abc\" 1.0}}",
+        "{{slice \"abc\" \"1\"}}",
+    ] {
+        assert!(render(bad).is_err(), "{bad}");
+    }
 }
