@@ -1,15 +1,14 @@
 //! A renderer for the subset of Go `text/template` that join profiles use.
 //!
 //! Profiles written for the Go provider were rendered with plain `text/template` (no sprig) and
-//! `missingkey=error`; this module accepts the same syntax for the features below and fails — with
-//! a `line:col` position — where Go would fail, plus a few places where Go would print something
-//! unsafe (see "Deviations").
+//! `missingkey=error`; this module accepts what Go accepts, renders the same bytes and fails —
+//! with a `line:col` position — where Go fails (see "Deviations" for what still differs).
 //!
 //! Supported:
 //! - text and actions `{{ … }}`, trim markers `{{- ` / ` -}}`, comments `{{/* … */}}` (also
 //!   with trim markers);
 //! - `if` / `else if` / `else` / `end`, `with` / `else with` / `else` / `end`,
-//!   `range` over maps (keys in sorted order) and lists, with `else`;
+//!   `range` over maps (keys in sorted order), lists and integers, with `else`;
 //! - variables: `$` (the root data), `{{ $x := pipeline }}`, `{{ $x = pipeline }}`,
 //!   `range $v := …`, `range $k, $v := …`, `with $x := …`;
 //! - operands: `.`, field chains `.A.B`, `$x.A`, `(pipeline).A`, string literals (`"…"` with Go
