@@ -249,6 +249,7 @@ fn with_constant(c: BoxedStrategy<String>) -> BoxedStrategy<String> {
         4 => c.clone(),
         2 => c.clone().prop_map(|x| format!("printf \"%v %T|%d|%s|%q\" {x} {x} {x} {x} {x}")),
         2 => c.clone().prop_map(|x| format!("printf \"%e|%E|%f|%.2f|%g|%G|%.3g|%+v|%8.3f|%-6v|\" {x} {x} {x} {x} {x} {x} {x} {x} {x} {x}")),
+        1 => c.clone().prop_map(|x| format!("printf \"%x|%X|%b|%.1x|%.0X|%+x\" {x} {x} {x} {x} {x} {x}")),
         1 => (c.clone(), other.clone()).prop_map(|(x, y)| format!("print {x} {y}")),
         2 => (prop_oneof![Just("eq"), Just("ne"), Just("lt"), Just("le"), Just("gt"), Just("ge")], c.clone(), other)
             .prop_map(|(f, x, y)| format!("{f} {x} {y}")),

@@ -69,7 +69,10 @@ pub(super) fn format_float(
     plus: bool,
     out: &mut String,
 ) -> bool {
-    if !matches!(verb, 'v' | 'g' | 'G' | 'e' | 'E' | 'f' | 'F') {
+    if !matches!(
+        verb,
+        'v' | 'g' | 'G' | 'e' | 'E' | 'f' | 'F' | 'x' | 'X' | 'b'
+    ) {
         return false;
     }
     if f.is_sign_negative() {
@@ -79,6 +82,16 @@ pub(super) fn format_float(
     }
     let upper = verb.is_ascii_uppercase();
     match verb {
+        'x' | 'X' => fmt_x(out, f, prec, upper),
+        'b' => {
+            // strconv's 'b': decimal mantissa, binary exponent (`6755399441055744p-52`).
+            let (mant, exp) = mant_exp(f);
+            out.push_str(&format!(
+                "{mant}p{}{}",
+                if exp - 52 < 0 { '-' } else { '+' },
+                (exp - 52).unsigned_abs()
+            ));
+        }
         'e' | 'E' => {
             let p = prec.unwrap_or(6);
             let (d, dp) = digits(f, Some(p + 1));
@@ -129,6 +142,74 @@ pub(super) fn format_float(
     true
 }
 
+/// The 52-bit-fraction mantissa (with the implicit bit) and the unbiased exponent of `|f|`:
+/// `|f| = mant × 2^(exp - 52)` (strconv's `mant`, `exp` before formatting).
+fn mant_exp(f: f64) -> (u64, i64) {
+    let bits = f.to_bits();
+    let mut exp = i64::try_from((bits >> 52) & 0x7ff).unwrap_or(0);
+    let mut mant = bits & ((1u64 << 52) - 1);
+    if exp == 0 {
+        exp = 1;
+    } else {
+        mant |= 1 << 52;
+    }
+    (mant, exp - 1023)
+}
+
+/// strconv's `%x`: `0x1.8p+00`, `0x0p+00`; with a precision below 15, rounded to that many
+/// hex digits (half to even).
+fn fmt_x(out: &mut String, f: f64, prec: Option<usize>, upper: bool) {
+    let (mut mant, mut exp) = mant_exp(f);
+    if mant == 0 {
+        exp = 0;
+    }
+    mant <<= 60 - 52;
+    while mant != 0 && mant & (1 << 60) == 0 {
+        mant <<= 1;
+        exp -= 1;
+    }
+    if let Some(p) = prec.filter(|p| *p < 15) {
+        let shift = u32::try_from(p * 4).unwrap_or(0);
+        let extra = (mant << shift) & ((1 << 60) - 1);
+        mant >>= 60 - shift;
+        if extra | (mant & 1) > 1 << 59 {
+            mant += 1;
+        }
+        mant <<= 60 - shift;
+        if mant & (1 << 61) != 0 {
+            mant >>= 1;
+            exp += 1;
+        }
+    }
+    let hex = |d: u64| {
+        let c = char::from_digit(u32::try_from(d & 15).unwrap_or(0), 16).unwrap_or('0');
+        if upper { c.to_ascii_uppercase() } else { c }
+    };
+    out.push_str(if upper { "0X" } else { "0x" });
+    out.push(if (mant >> 60) & 1 == 1 { '1' } else { '0' });
+    mant <<= 4;
+    match prec {
+        None if mant != 0 => {
+            out.push('.');
+            while mant != 0 {
+                out.push(hex(mant >> 60));
+                mant <<= 4;
+            }
+        }
+        Some(p) if p > 0 => {
+            out.push('.');
+            for _ in 0..p {
+                out.push(hex(mant >> 60));
+                mant <<= 4;
+            }
+        }
+        _ => {}
+    }
+    out.push(if upper { 'P' } else { 'p' });
+    out.push(if exp < 0 { '-' } else { '+' });
+    out.push_str(&format!("{:02}", exp.unsigned_abs()));
+}
+
 /// A complex128: `(re+imi)`, both parts with the verb, the imaginary one always signed, each
 /// padded to `width` on its own (left-aligned with `minus`), as Go's `fmtComplex` does.
 #[allow(clippy::too_many_arguments)]
@@ -141,7 +222,10 @@ pub(super) fn format_complex(
     minus: bool,
     out: &mut String,
 ) -> bool {
-    if !matches!(verb, 'v' | 'g' | 'G' | 'e' | 'E' | 'f' | 'F') {
+    if !matches!(
+        verb,
+        'v' | 'g' | 'G' | 'e' | 'E' | 'f' | 'F' | 'x' | 'X' | 'b'
+    ) {
         return false;
     }
     out.push('(');

@@ -34,8 +34,8 @@
 //! Deviations from Go: error texts never contain evaluated values (only names that appear in
 //! the template text) and are worded differently (accept/reject is Go's); `{{template}}` calls
 //! nest at most 200 deep (Go: 100,000); the data's methods (`.Env`, `.Redact` of the Go
-//! provider's `profile.Context`) are unknown fields; `printf` flags `#`, ` ` and `0`, the float
-//! verbs `%x`, `%X`, `%b`, and widths inside maps and structs are not Go's.
+//! provider's `profile.Context`) are unknown fields; `printf` flags `#`, ` ` and `0` and widths
+//! inside maps and structs are not Go's.
 
 mod escape;
 mod exec;

@@ -381,6 +381,11 @@ fn number_and_character_constants_as_go() {
             "{{lt 1.5 2.5}} {{eq 1i 1i}} {{if 0.0}}t{{else}}f{{end}}",
             "true true f",
         ),
+        // Go's output for these, from the oracle.
+        (
+            "{{printf \"%x|%X|%b|%.1x|%.0X|%x|%x|%b|%x\" 1.5 -1.5 1.5 1.96875 1.5 0.0 5e-324 0.0 (1+2i)}}",
+            "0x1.8p+00|-0X1.8P+00|6755399441055744p-52|0x1.0p+01|0X1P+01|0x0p+00|0x1p-1074|0p-1074|(0x1p+00+0x1p+01i)",
+        ),
     ] {
         assert_eq!(render(src).unwrap(), want, "{src}");
     }
