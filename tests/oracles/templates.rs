@@ -74,6 +74,8 @@ pub(crate) fn operand() -> BoxedStrategy<String> {
         Just("1e6".to_string()),
         Just("'a'".to_string()),
         Just("1i".to_string()),
+        // A uint8 (ranges like an int in Go 1.22+).
+        Just("(index \"ab\" 0)".to_string()),
         Just("true".to_string()),
         Just("false".to_string()),
         Just("nil".to_string()),

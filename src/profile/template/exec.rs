@@ -143,10 +143,23 @@ impl<'a> Exec<'a> {
                             if pipe.decl.len() > 1 {
                                 return Err((
                                     pipe.pos,
-                                    format!("can't use {n} to iterate over more than one variable"),
+                                    // No value: the int may come from a secret.
+                                    "can't use an int to iterate over more than one variable"
+                                        .to_string(),
                                 ));
                             }
                             (0..n.max(0)).map(|i| (Value::Nil, Value::Int(i))).collect()
+                        }
+                        // Any integer kind: a byte (`index "ab" 0`) ranges over bytes.
+                        Value::Uint8(n) => {
+                            if pipe.decl.len() > 1 {
+                                return Err((
+                                    pipe.pos,
+                                    "can't use a uint8 to iterate over more than one variable"
+                                        .to_string(),
+                                ));
+                            }
+                            (0..n).map(|i| (Value::Nil, Value::Uint8(i))).collect()
                         }
                         other => {
                             return Err((

@@ -160,16 +160,17 @@ pub(super) fn go_slice(item: &Value, indexes: &[Value]) -> Result<Value, String>
                 ));
             }
         };
+        // Errors name no index: one may be computed from a secret (`index .Secrets.x 0`).
         *slot = usize::try_from(x)
             .ok()
             .filter(|x| *x <= len)
-            .ok_or_else(|| format!("index out of range: {x}"))?;
+            .ok_or("index out of range")?;
     }
     if idx[0] > idx[1] {
-        return Err(format!("invalid slice index: {} > {}", idx[0], idx[1]));
+        return Err("invalid slice index: the first is past the second".into());
     }
     if indexes.len() == 3 && idx[1] > idx[2] {
-        return Err(format!("invalid slice index: {} > {}", idx[1], idx[2]));
+        return Err("invalid slice index: the second is past the third".into());
     }
     let (i, j) = (idx[0], idx[1]);
     Ok(match item {

@@ -461,4 +461,19 @@ fn slice_as_go() {
     ] {
         assert!(render(bad).is_err(), "{bad}");
     }
+    // No index in the error: it may come from a secret's bytes.
+    let e = err("{{slice \"abc\" (index .Secrets.activationCode 0)}}");
+    assert!(!e.msg.contains("115"), "{e}");
+    let e = err("{{range $k, $v := index .Secrets.activationCode 0}}{{end}}");
+    assert!(!e.msg.contains("115"), "{e}");
+}
+
+#[test]
+fn range_over_a_byte_as_go() {
+    // Go 1.22+ ranges over every integer kind; `index` of a string is a uint8.
+    assert_eq!(
+        render("{{range index \"\\x03\" 0}}{{.}}{{printf \"%T\" .}},{{end}}").unwrap(),
+        "0uint8,1uint8,2uint8,"
+    );
+    assert!(render("{{range $i, $v := index \"a\" 0}}{{end}}").is_err());
 }
