@@ -260,9 +260,13 @@ async fn register<C: Cluster, T: Transport>(
     if !fins.iter().any(|f| f == TERMINATION_FINALIZER) {
         fins.push(TERMINATION_FINALIZER.into());
     }
+    // As core's registration: the NodeClaim's annotations (its NodePool template's among them)
+    // reach the Node too.
+    let annotations = nc.metadata.annotations.clone().unwrap_or_default();
     let patch = json!({
         "metadata": {
             "labels": labels,
+            "annotations": annotations,
             "ownerReferences": owners,
             "finalizers": fins,
             "resourceVersion": node.metadata.resource_version,

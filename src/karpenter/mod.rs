@@ -20,6 +20,7 @@ pub mod sim_scheduler;
 pub mod state;
 pub mod taint_gates;
 pub mod termination;
+pub mod topology;
 
 use std::time::Duration;
 

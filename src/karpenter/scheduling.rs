@@ -80,14 +80,23 @@ pub struct PodInfo {
     /// The required node affinity of each PersistentVolume the pod mounts (each an OR of terms,
     /// each term an AND): a node must satisfy every one of them.
     pub volume_terms: Vec<Vec<Vec<NodeSelectorRequirement>>>,
-    /// A constraint this layer does not model; the pod is left pending with an event.
+    /// A constraint the per-node check ([`SimNode::fits`]) cannot decide: pod affinity, or
+    /// anti-affinity or spread on a key other than the hostname. Consolidation leaves such a
+    /// pod on its node; provisioning and the simulated scheduler decide it with
+    /// [`super::topology`].
     pub unsupported: Option<String>,
+    /// Every required topology term, on any key (S56).
+    pub topology: Vec<super::topology::TopologyTerm>,
+    /// A constraint nothing here models (`matchFields`, an invalid selector): the pod is left
+    /// pending with an `UnsupportedConstraint` event.
+    pub invalid: Option<String>,
 }
 
 impl PodInfo {
     pub fn new(p: &Pod) -> PodInfo {
         let spec = p.spec.clone().unwrap_or_default();
         let mut unsupported = None;
+        let mut invalid = None;
         let mut terms = vec![];
         let mut anti = vec![];
         let mut spread = vec![];
@@ -99,6 +108,7 @@ impl PodInfo {
                 for t in &req.node_selector_terms {
                     if t.match_fields.as_ref().is_some_and(|f| !f.is_empty()) {
                         unsupported = Some("node affinity matchFields".to_string());
+                        invalid = unsupported.clone();
                     }
                     terms.push(
                         t.match_expressions
@@ -160,6 +170,15 @@ impl PodInfo {
                 _ => unsupported = Some("topology spread without a valid selector".into()),
             }
         }
+        let namespace = p.metadata.namespace.clone().unwrap_or_default();
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        let topology = match super::topology::terms_of(&spec, &namespace, &labels) {
+            Ok(t) => t,
+            Err(why) => {
+                invalid = invalid.or(Some(why));
+                vec![]
+            }
+        };
         let claims = spec
             .volumes
             .iter()
@@ -168,10 +187,10 @@ impl PodInfo {
             .map(|c| c.claim_name.clone())
             .collect();
         PodInfo {
-            namespace: p.metadata.namespace.clone().unwrap_or_default(),
+            namespace,
             name: p.metadata.name.clone().unwrap_or_default(),
             uid: p.metadata.uid.clone().unwrap_or_default(),
-            labels: p.metadata.labels.clone().unwrap_or_default(),
+            labels,
             requests: pods::requests(p),
             node_selector: spec.node_selector.clone().unwrap_or_default(),
             terms,
@@ -182,6 +201,8 @@ impl PodInfo {
             claims,
             volume_terms: vec![],
             unsupported,
+            topology,
+            invalid,
         }
     }
 
@@ -368,7 +389,7 @@ pub fn shapes(pods: &[PodInfo]) -> Vec<usize> {
 /// What [`shapes`] compares: everything that decides whether a node can take the pod.
 pub fn shape_key(p: &PodInfo) -> String {
     format!(
-        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}",
+        "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{:?}|{:?}|{:?}|{:?}",
         p.requests,
         p.node_selector,
         p.terms,
@@ -378,7 +399,8 @@ pub fn shape_key(p: &PodInfo) -> String {
         p.namespace,
         p.labels,
         p.host_ports,
-        p.volume_terms
+        p.volume_terms,
+        p.topology
     )
 }
 
@@ -431,6 +453,8 @@ mod tests {
             claims: vec![],
             volume_terms: vec![],
             unsupported: None,
+            topology: vec![],
+            invalid: None,
         }
     }
 

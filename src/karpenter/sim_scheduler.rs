@@ -15,8 +15,10 @@ use tokio::task::JoinHandle;
 use super::lifecycle::node_ready;
 use super::pods;
 use super::quantity;
-use super::scheduling::{PodInfo, SimNode};
+use super::scheduling::{HOSTNAME_KEY, PodInfo, SimNode};
 use super::state::ClusterState;
+use super::topology::{self, Mode, Topology};
+use crate::actors::router::requirements::{Requirement, Requirements};
 use crate::k8s::{Cluster, WatchEvent};
 
 pub const RECREATE_ANNOTATION: &str = "sim.kpssh.dev/recreate";
@@ -156,16 +158,74 @@ pub async fn schedule_once<C: Cluster>(
             .collect();
         (nodes, pending, to_run)
     };
+    let infos: Vec<PodInfo> = pending.iter().map(PodInfo::new).collect();
+    // S56: spread and pod (anti-)affinity on any key, over the Ready nodes, as the
+    // kube-scheduler's PodTopologySpread and InterPodAffinity filters.
+    let namespaces = if topology::needs_namespaces(infos.iter()) {
+        let all: Vec<k8s_openapi::api::core::v1::Namespace> = cluster.list(None, None).await?;
+        all.into_iter()
+            .map(|n| {
+                (
+                    n.metadata.name.unwrap_or_default(),
+                    n.metadata.labels.unwrap_or_default(),
+                )
+            })
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let mut topo = Topology::new(Mode::Kube, &infos, &namespaces);
+    let mut node_reqs: Vec<Requirements> = vec![];
+    if !topo.is_empty() {
+        let st = state.read();
+        crate::karpenter::provisioning::count_cluster(&mut topo, &st, &namespaces);
+        node_reqs = nodes
+            .iter()
+            .map(|n| {
+                let mut r = Requirements::from_labels(&n.labels);
+                if !n.labels.contains_key(HOSTNAME_KEY) {
+                    r.add(Requirement::one_of(HOSTNAME_KEY, [n.name.clone()]));
+                }
+                r
+            })
+            .collect();
+    }
     let mut bound = 0;
     let mut seen = BTreeSet::new();
-    for p in pending {
-        let info = PodInfo::new(&p);
+    for (i, (p, info)) in pending.into_iter().zip(&infos).enumerate() {
         let ns = info.namespace.clone();
         let name = info.name.clone();
         seen.insert((ns.clone(), name.clone()));
-        match nodes.iter_mut().find(|n| n.fits(&info)) {
-            Some(n) => {
-                n.add(&info);
+        let pod_reqs = Requirements::from_labels(&info.node_selector);
+        let mut chosen = None;
+        for (ni, n) in nodes.iter().enumerate() {
+            if info.invalid.is_some() || !n.fits(info) {
+                continue;
+            }
+            if topo.is_empty() {
+                chosen = Some((ni, None));
+                break;
+            }
+            let reqs = &node_reqs[ni];
+            match topo.add_requirements(i, info, &pod_reqs, reqs, &n.taints) {
+                Ok(t) if t.iter().all(|r| match n.labels.get(&r.key) {
+                    Some(v) => r.has(v),
+                    None => r.key == HOSTNAME_KEY || r.allows_absent(),
+                }) =>
+                {
+                    chosen = Some((ni, Some(t)));
+                    break;
+                }
+                _ => {}
+            }
+        }
+        match chosen {
+            Some((ni, t)) => {
+                if let Some(t) = t {
+                    topo.record(i, info, &t, &nodes[ni].taints);
+                }
+                let n = &mut nodes[ni];
+                n.add(info);
                 let patch = json!({"spec": {"nodeName": n.name}});
                 cluster.patch::<Pod>(Some(&ns), &name, &patch).await?;
                 bound += 1;

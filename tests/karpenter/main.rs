@@ -16,6 +16,7 @@ mod metrics;
 mod node_deletion;
 mod provisioning;
 mod repair;
+mod scheduling;
 mod termination;
 
 use std::collections::BTreeMap;
@@ -94,15 +95,31 @@ pub async fn env_scheduling_every(cfg: KarpenterConfig, period: Duration) -> Env
 
 /// `n` hosts of `class` with `cpu` cores and `gib` GiB each; waits until all are Available.
 pub async fn hosts(e: &Env, prefix: &str, class: &str, n: usize, cpu: u32, gib: u64, net: u8) {
+    hosts_labelled(e, prefix, class, n, cpu, gib, net, &[]).await;
+}
+
+/// [`hosts`] with extra labels on each SSHHost (topology: zone, rack, custom, S56).
+#[allow(clippy::too_many_arguments)]
+pub async fn hosts_labelled(
+    e: &Env,
+    prefix: &str,
+    class: &str,
+    n: usize,
+    cpu: u32,
+    gib: u64,
+    net: u8,
+    labels: &[(&str, &str)],
+) {
     for i in 0..n {
         let addr = format!("10.{net}.{}.{}", i / 250, i % 250 + 1);
-        e.w.add_host(
-            &format!("{prefix}{i:03}"),
-            class,
-            SimHost::new(&addr, cpu, gib * 1024 * 1024),
-        )
-        .await
-        .expect("host");
+        let sim = SimHost::new(&addr, cpu, gib * 1024 * 1024);
+        let mut h = kpssh::sim::world::host_object(&e.w.ns(), &format!("{prefix}{i:03}"), class, &sim);
+        let l = h.metadata.labels.get_or_insert_default();
+        for (k, v) in labels {
+            l.insert(k.to_string(), v.to_string());
+        }
+        e.w.transport.add(sim);
+        e.w.cluster.create(&h).await.expect("host");
     }
     let ok =
         e.w.until(5 * MINUTE, || async {

@@ -20,13 +20,11 @@ use super::{HostActorState, target};
 use crate::actors::drift::nodeclass_hash;
 use crate::actors::events;
 use crate::actors::status::ProbeStamp;
-use crate::api::karpenter::{
-    ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL, ZONE_LABEL,
-};
+use crate::api::karpenter::{ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL};
 use crate::api::nodeclass::ProviderIdSource;
 use crate::api::{
     ClaimRef, HostState, NODECLASS_HASH_ANNOTATION, NODECLASS_HASH_VERSION,
-    NODECLASS_HASH_VERSION_ANNOTATION, NodeClaim, SSHJoinProfile, SSHNodeClass,
+    NODECLASS_HASH_VERSION_ANNOTATION, NodeClaim, SSHHost, SSHJoinProfile, SSHNodeClass,
 };
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::karpenter::quantity;
@@ -319,7 +317,7 @@ async fn resolve<C: Cluster, T: Transport>(
         bootstrap_token: None,
         node_name: claim.name.clone(),
         provider_id,
-        node_labels: node_labels(&nodeclaim, state.host.class(), arch(state)),
+        node_labels: node_labels(&nodeclaim, &state.host, arch(state)),
         taints: taints(&nodeclaim),
         host_address: state.host.spec.address.clone(),
         node_address: state.host.node_address().to_string(),
@@ -364,12 +362,17 @@ fn arch<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> String {
         .unwrap_or_else(|| "amd64".into())
 }
 
-fn node_labels(nc: &NodeClaim, class: &str, arch: String) -> BTreeMap<String, String> {
+/// The claim's labels, the host's topology labels (its zone — `pool` without one —, rack or
+/// custom labels, S56) and the class's well-known labels.
+fn node_labels(nc: &NodeClaim, host: &SSHHost, arch: String) -> BTreeMap<String, String> {
+    let class = host.class();
     let mut labels = nc.metadata.labels.clone().unwrap_or_default();
-    // A class split by architecture is offered as `<class>-<arch>`; the claim asked for that.
+    labels.extend(crate::actors::router::instance_types::topology_labels(host));
+    // A class split by architecture is offered as `<class>-<arch>`; the claim asked for that
+    // (one of the types it lists, S55).
     let split = format!("{class}-{arch}");
-    let asked = crate::karpenter::provisioning::claim_type(nc);
-    let ty = if asked.as_deref() == Some(split.as_str()) {
+    let asked = crate::karpenter::provisioning::claim_types(nc);
+    let ty = if asked.iter().any(|t| *t == split) {
         split
     } else {
         class.to_string()
@@ -377,7 +380,6 @@ fn node_labels(nc: &NodeClaim, class: &str, arch: String) -> BTreeMap<String, St
     labels.insert(INSTANCE_TYPE_LABEL.into(), ty);
     labels.insert(ARCH_LABEL.into(), arch);
     labels.insert(OS_LABEL.into(), "linux".into());
-    labels.insert(ZONE_LABEL.into(), "pool".into());
     labels.insert(CAPACITY_TYPE_LABEL.into(), "on-demand".into());
     labels
 }
@@ -560,7 +562,7 @@ async fn report_launched<C: Cluster, T: Transport>(
 ) -> Result<(), ClusterError> {
     let cluster = state.ctx.cluster.clone();
     let name = plan.claim.metadata.name.clone().unwrap_or_default();
-    let labels = node_labels(&plan.claim, state.host.class(), arch(state));
+    let labels = node_labels(&plan.claim, &state.host, arch(state));
     let patch = json!({"metadata": {
         "labels": labels,
         "annotations": {

@@ -10,19 +10,20 @@ use std::borrow::Borrow;
 
 use super::instance_types::{
     ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types,
-    type_of, usable,
+    topology_labels, type_of, usable,
 };
 use super::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
 use crate::karpenter::quantity;
 
 /// What a class offers, apart from which hosts are free: its instance types and its
-/// members (selected, usable hosts with an instance type) as (index in the host list, type).
+/// members (selected, usable hosts with an instance type) as (index in the host list, type,
+/// offering of that type).
 /// Both depend only on the pool's membership and the class, not on claims or probes.
 #[derive(Debug, Clone)]
 pub struct Offer {
     pub types: Vec<InstanceType>,
-    members: Vec<(usize, usize)>,
+    members: Vec<(usize, usize, usize)>,
 }
 
 impl Offer {
@@ -37,7 +38,15 @@ impl Offer {
             .iter()
             .enumerate()
             .filter(|(_, h)| selector.matches((*h).borrow()) && usable((*h).borrow()))
-            .filter_map(|(i, h)| Some((i, type_of(&types, h.borrow())?)))
+            .filter_map(|(i, h)| {
+                let ti = type_of(&types, h.borrow())?;
+                let labels = topology_labels(h.borrow());
+                let oi = types[ti]
+                    .offerings
+                    .iter()
+                    .position(|o| o.labels == labels)?;
+                Some((i, ti, oi))
+            })
             .collect();
         Ok(Offer { types, members })
     }
@@ -47,8 +56,8 @@ impl Offer {
 pub struct Ranking {
     selector: ClassSelector,
     types: Vec<InstanceType>,
-    /// Host name and its index in `types`, best first.
-    order: Vec<(String, usize)>,
+    /// Host name, its index in `types` and in that type's offerings, best first.
+    order: Vec<(String, usize, usize)>,
     /// Entries seen no longer claimable: never offered again by this ranking.
     taken: Vec<bool>,
     /// Every entry before this one is taken.
@@ -77,9 +86,9 @@ impl Ranking {
     ) -> Result<Self, InstanceTypeError> {
         let selector = ClassSelector::of(class)?;
         let types = offer.types.clone();
-        // (price, cold, created, name, type): the sort key, computed once per host.
-        let mut ranked: Vec<(f64, bool, Option<jiff::Timestamp>, String, usize)> = vec![];
-        for &(i, ti) in &offer.members {
+        // (price, cold, created, name, type, offering): the sort key, computed once per host.
+        let mut ranked: Vec<(f64, bool, Option<jiff::Timestamp>, String, usize, usize)> = vec![];
+        for &(i, ti, oi) in &offer.members {
             let Some(h) = hosts.get(i).map(Borrow::borrow) else {
                 continue;
             };
@@ -95,6 +104,7 @@ impl Ranking {
                 created(h),
                 name,
                 ti,
+                oi,
             ));
         }
         ranked.sort_by(|a, b| {
@@ -103,7 +113,8 @@ impl Ranking {
                 .then_with(|| a.2.cmp(&b.2))
                 .then_with(|| a.3.cmp(&b.3))
         });
-        let order: Vec<(String, usize)> = ranked.into_iter().map(|r| (r.3, r.4)).collect();
+        let order: Vec<(String, usize, usize)> =
+            ranked.into_iter().map(|r| (r.3, r.4, r.5)).collect();
         Ok(Ranking {
             selector,
             types,
@@ -124,23 +135,31 @@ impl Ranking {
         skip: impl Fn(&str) -> bool,
     ) -> Option<SSHHost> {
         let claim_labels = claim.metadata.labels.clone().unwrap_or_default();
-        // Requirements are checked against the claim's labels and the instance type's: once
-        // per type, not per host.
-        let type_ok: Vec<bool> = self
+        // Requirements are checked against the claim's labels, the instance type's and the
+        // offering's (the host's topology labels, S56): once per offering, not per host.
+        let type_ok: Vec<Vec<bool>> = self
             .types
             .iter()
             .map(|t| {
                 let mut labels = claim_labels.clone();
                 labels.extend(t.labels());
-                all_match(&claim.spec.requirements, &labels)
+                t.offerings
+                    .iter()
+                    .map(|o| {
+                        let mut labels = labels.clone();
+                        labels.extend(o.labels.clone());
+                        all_match(&claim.spec.requirements, &labels)
+                    })
+                    .collect()
             })
             .collect();
         for i in self.front..self.order.len() {
             if self.taken[i] {
                 continue;
             }
-            let (name, ti) = &self.order[i];
-            if skip(name) || !type_ok[*ti] {
+            let (name, ti, oi) = &self.order[i];
+            let ok = type_ok.get(*ti).and_then(|o| o.get(*oi)).copied();
+            if skip(name) || ok != Some(true) {
                 continue;
             }
             let host =

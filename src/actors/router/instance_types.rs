@@ -31,17 +31,84 @@ pub struct InstanceType {
     /// Hosts that could be claimed now (Available, not in maintenance).
     pub claimable: usize,
     pub usable: usize,
+    /// The class's hosts grouped by their topology labels ([`topology_labels`]): core's
+    /// offerings, with a zone (and any rack or custom label the hosts carry) each.
+    pub offerings: Vec<Offering>,
+}
+
+/// The usable hosts of one instance type that carry the same topology labels.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Offering {
+    /// The hosts' labels that their Nodes get ([`topology_labels`]; zone `pool` by default).
+    pub labels: BTreeMap<String, String>,
+    pub claimable: usize,
+    pub usable: usize,
+}
+
+/// The zone of a host that has no `topology.kubernetes.io/zone` label.
+pub const DEFAULT_ZONE: &str = "pool";
+
+/// Whether a host label reaches its Node: every label but kpssh's own (its API group's
+/// domain), `karpenter.sh`'s, the hostname and the labels kpssh sets from the class
+/// (instance type, arch, os, capacity type, and their deprecated forms).
+pub fn is_topology_label(key: &str) -> bool {
+    const SET_BY_KPSSH: [&str; 9] = [
+        "kubernetes.io/hostname",
+        INSTANCE_TYPE_LABEL,
+        "beta.kubernetes.io/instance-type",
+        ARCH_LABEL,
+        "beta.kubernetes.io/arch",
+        OS_LABEL,
+        "beta.kubernetes.io/os",
+        CAPACITY_TYPE_LABEL,
+        "failure-domain.beta.kubernetes.io/zone",
+    ];
+    let domain = key.split_once('/').map_or("", |(d, _)| d);
+    let under = |base: &str| domain == base || domain.ends_with(&format!(".{base}"));
+    !SET_BY_KPSSH.contains(&key) && !under(crate::api::GROUP) && !under("karpenter.sh")
+}
+
+/// The labels a host gives the Node that runs on it (S56): its own topology labels
+/// ([`is_topology_label`]), and zone [`DEFAULT_ZONE`] when it has none.
+pub fn topology_labels(host: &SSHHost) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = host
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| is_topology_label(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    out.entry(ZONE_LABEL.to_string())
+        .or_insert_with(|| DEFAULT_ZONE.to_string());
+    out
 }
 
 impl InstanceType {
+    /// The labels every node of this type gets: the class's (instance type, arch, os,
+    /// capacity type) and the topology labels all its hosts share (zone `pool` when none
+    /// has one).
     pub fn labels(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([
+        let mut l = self.common_topology();
+        l.extend([
             (INSTANCE_TYPE_LABEL.to_string(), self.name.clone()),
             (ARCH_LABEL.to_string(), self.arch.clone()),
             (OS_LABEL.to_string(), "linux".to_string()),
-            (ZONE_LABEL.to_string(), "pool".to_string()),
             (CAPACITY_TYPE_LABEL.to_string(), "on-demand".to_string()),
-        ])
+        ]);
+        l
+    }
+
+    /// Topology labels with one value over every offering.
+    fn common_topology(&self) -> BTreeMap<String, String> {
+        let Some((first, rest)) = self.offerings.split_first() else {
+            return BTreeMap::from([(ZONE_LABEL.to_string(), DEFAULT_ZONE.to_string())]);
+        };
+        let mut l = first.labels.clone();
+        for o in rest {
+            l.retain(|k, v| o.labels.get(k) == Some(v));
+        }
+        l
     }
 
     /// An offering exists iff a claimable host exists (S28).
@@ -239,6 +306,16 @@ fn summarise(
             }
         }
     }
+    let mut offerings: BTreeMap<BTreeMap<String, String>, Offering> = BTreeMap::new();
+    for h in hosts {
+        let labels = topology_labels(h);
+        let o = offerings.entry(labels.clone()).or_insert_with(|| Offering {
+            labels,
+            ..Default::default()
+        });
+        o.usable += 1;
+        o.claimable += usize::from(claimable(h));
+    }
     let cpus = capacity.get("cpu").copied().unwrap_or(0) as f64 / 1000.0;
     InstanceType {
         name,
@@ -249,6 +326,7 @@ fn summarise(
         price: cpus * price,
         claimable: hosts.iter().filter(|h| claimable(h)).count(),
         usable: hosts.len(),
+        offerings: offerings.into_values().collect(),
     }
 }
 

@@ -165,6 +165,85 @@ impl Requirement {
         r
     }
 
+    /// Exactly `values`.
+    pub fn one_of(key: &str, values: impl IntoIterator<Item = String>) -> Self {
+        let values: Vec<String> = values.into_iter().collect();
+        Requirement::new(key, "In", &values, None)
+    }
+
+    /// The concrete values (In); empty for a complement (NotIn, Exists) or DoesNotExist.
+    pub fn values(&self) -> impl Iterator<Item = &String> {
+        self.values.iter().filter(|_| !self.complement)
+    }
+
+    /// How many values are allowed: `None` when unbounded (a complement).
+    pub fn len(&self) -> Option<usize> {
+        (!self.complement).then_some(self.values.len())
+    }
+
+    /// A node without the label satisfies it (`NotIn` without bounds, `DoesNotExist`), as the
+    /// kube-scheduler matches node affinity.
+    pub fn allows_absent(&self) -> bool {
+        match self.operator() {
+            Operator::DoesNotExist => true,
+            Operator::NotIn => self.gte.is_none() && self.lte.is_none(),
+            _ => false,
+        }
+    }
+
+    /// Core's `Any()`: one allowed value, to label a node with. `In`: the smallest value (core
+    /// takes an arbitrary one); `NotIn`/`Exists`: the smallest non-negative integer within
+    /// the bounds that is not excluded (core draws a random one); `DoesNotExist`: none.
+    pub fn any(&self) -> Option<String> {
+        if !self.complement {
+            return self.values.iter().next().cloned();
+        }
+        let lo = self.gte.unwrap_or(0).max(0);
+        let hi = self.lte.unwrap_or(i64::MAX);
+        let mut v = lo;
+        while v <= hi {
+            let s = v.to_string();
+            if !self.values.contains(&s) {
+                return Some(s);
+            }
+            v = v.checked_add(1)?;
+        }
+        None
+    }
+
+    /// As a node selector requirement (bounds as `Gt`/`Lt`; a complement with values and
+    /// bounds keeps only its bounds' meaning plus the excluded values as a second entry).
+    pub fn to_node_selector(&self) -> Vec<NodeSelectorRequirement> {
+        let mv = self.min_values.and_then(|m| i32::try_from(m).ok());
+        let req = |op: &str, values: Vec<String>| NodeSelectorRequirement {
+            key: self.key.clone(),
+            operator: op.into(),
+            values,
+            min_values: mv,
+        };
+        let values: Vec<String> = self.values.iter().cloned().collect();
+        if !self.complement {
+            return vec![if values.is_empty() {
+                req("DoesNotExist", vec![])
+            } else {
+                req("In", values)
+            }];
+        }
+        let mut out = vec![];
+        if let Some(g) = self.gte {
+            out.push(req("Gt", vec![g.saturating_sub(1).to_string()]));
+        }
+        if let Some(l) = self.lte {
+            out.push(req("Lt", vec![l.saturating_add(1).to_string()]));
+        }
+        if !values.is_empty() {
+            out.push(req("NotIn", values));
+        } else if out.is_empty() {
+            out.push(req("Exists", vec![]));
+        }
+        out
+    }
+
     /// Any value allowed.
     pub fn exists(key: &str) -> Self {
         Requirement::new(key, "Exists", &[], None)
@@ -297,6 +376,39 @@ impl Requirements {
 
     pub fn has(&self, key: &str) -> bool {
         self.0.contains_key(key)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Requirement> {
+        self.0.values()
+    }
+
+    /// Some requirement asks for `minValues`.
+    pub fn has_min_values(&self) -> bool {
+        self.0.values().any(|r| r.min_values.is_some())
+    }
+
+    /// Back to node selector requirements (by key).
+    pub fn to_node_selector(&self) -> Vec<NodeSelectorRequirement> {
+        self.0.values().flat_map(Requirement::to_node_selector).collect()
+    }
+
+    /// [`Requirements::compatible`] where keys for which `undefined_ok` holds may be undefined
+    /// here (core's `AllowUndefinedWellKnownLabels` with the provider's own label keys).
+    pub fn compatible_allowing(
+        &self,
+        incoming: &Requirements,
+        undefined_ok: impl Fn(&str) -> bool,
+    ) -> Result<(), String> {
+        for (key, r) in &incoming.0 {
+            if undefined_ok(key)
+                || self.has(key)
+                || matches!(r.operator(), Operator::NotIn | Operator::DoesNotExist)
+            {
+                continue;
+            }
+            return Err(format!("label {key:?} does not have known values"));
+        }
+        self.intersects(incoming)
     }
 
     /// The requirement on `key`; an undefined key allows anything.

@@ -182,6 +182,7 @@ impl Replacer {
                 instance_type: c.it.name.clone(),
                 requests,
                 pods: moving.iter().map(PodInfo::key).collect(),
+                ..Default::default()
             })
         })
     }

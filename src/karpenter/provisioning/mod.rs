@@ -3,6 +3,8 @@
 
 pub mod batch;
 pub mod pack;
+pub mod solve;
+pub mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -16,6 +18,9 @@ use tokio::task::JoinHandle;
 
 use super::scheduling::PodInfo;
 use super::state::{ClusterState, Inner};
+use super::topology::{Mode, Topology};
+use crate::actors::router::requirements::Requirements;
+use k8s_openapi::api::core::v1::Taint;
 use super::{KarpenterConfig, KarpenterError, quantity};
 use crate::actors::Context;
 use crate::actors::router::instance_types::{InstanceType, instance_types};
@@ -26,7 +31,7 @@ use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::{Cluster, EventRecord, EventType, ObjectRef};
 use crate::ssh::Transport;
 
-pub use pack::{Bin, NewClaim, PoolOffer};
+pub use pack::{NewClaim, PoolOffer};
 
 /// What one provisioning round did.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -56,6 +61,8 @@ pub struct Provisioner<C: Cluster, T: Transport> {
     cfg: KarpenterConfig,
     /// Events already sent, by pod UID and reason (one event per pod and reason).
     told: BTreeSet<(String, String)>,
+    /// The node affinity of the volumes pods mount (S56).
+    volumes: volumes::VolumeTopology,
 }
 
 const POLL: Duration = Duration::from_millis(100);
@@ -67,6 +74,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             state,
             cfg,
             told: BTreeSet::new(),
+            volumes: volumes::VolumeTopology::default(),
         }
     }
 
@@ -119,10 +127,11 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             ..Default::default()
         };
         super::scheduling::sort_pods(&mut pods);
+        self.volumes.resolve(&self.ctx, &mut pods).await?;
         // Unsupported constraints: never ignored silently.
         let mut supported = vec![];
         for p in pods {
-            match &p.unsupported {
+            match &p.invalid {
                 Some(why) => {
                     let msg = format!("not provisioned: unsupported constraint ({why})");
                     self.tell(&p, "UnsupportedConstraint", &msg).await;
@@ -137,17 +146,25 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             .iter()
             .flat_map(|o| o.types.iter().map(|t| (t.name.clone(), t.clone())))
             .collect();
+        let namespaces = if super::topology::needs_namespaces(supported.iter()) {
+            namespace_labels(&self.ctx.cluster).await?
+        } else {
+            BTreeMap::new()
+        };
+        let mut topo = Topology::new(Mode::Provisioning, &supported, &namespaces);
         // In-flight claims (and their nodes) absorb pods first.
-        let mut inflight = {
+        let inflight = {
             let st = self.state.read();
+            if !topo.is_empty() {
+                count_cluster(&mut topo, &st, &namespaces);
+            }
             pack::inflight_nodes(&st, &types, &offers)
         };
-        let left = super::scheduling::place_all(&supported, &mut inflight);
-        report.absorbed = supported.len() - left.len();
-        let left: Vec<PodInfo> = left.into_iter().cloned().collect();
-        let budgets = self.class_budgets(&claims, &types);
+        let budgets = self.offering_budgets(&claims, &types);
         let usage = pack::pool_usage(&claims, &types);
-        let outcome = pack::pack(&left, &offers, budgets, usage);
+        let solver = solve::Solver::new(&offers, budgets, usage, topo, inflight);
+        let outcome = solver.solve(&supported);
+        report.absorbed = outcome.absorbed;
         for (pod, why) in &outcome.unplaced {
             let why = if blocked.is_empty() {
                 why.clone()
@@ -256,20 +273,41 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
         Ok((offers, blocked))
     }
 
-    /// Claimable hosts per class, less the claims of that class not yet holding a host.
-    fn class_budgets(
+    /// Claimable hosts per instance type and offering, less the claims not yet holding a
+    /// host that will take one of them.
+    fn offering_budgets(
         &self,
         claims: &BTreeMap<String, std::sync::Arc<NodeClaim>>,
         types: &BTreeMap<String, InstanceType>,
-    ) -> BTreeMap<String, i64> {
-        let unheld = unheld_per_type(&self.ctx, claims);
-        types
+    ) -> solve::Budgets {
+        let mut budgets: solve::Budgets = types
             .iter()
-            .map(|(n, t)| {
-                let taken = unheld.get(n).copied().unwrap_or(0);
-                (n.clone(), t.claimable as i64 - taken)
+            .flat_map(|(n, t)| {
+                t.offerings
+                    .iter()
+                    .enumerate()
+                    .map(|(i, o)| ((n.clone(), i), o.claimable as i64))
             })
-            .collect()
+            .collect();
+        for nc in unheld(&self.ctx, claims) {
+            let Some(t) = claim_type(nc).and_then(|t| types.get(&t)) else {
+                continue;
+            };
+            let mut labels = nc.metadata.labels.clone().unwrap_or_default();
+            labels.extend(t.labels());
+            let fitting: Vec<usize> = (0..t.offerings.len())
+                .filter(|i| {
+                    let mut l = labels.clone();
+                    l.extend(t.offerings[*i].labels.clone());
+                    crate::actors::router::requirements::all_match(&nc.spec.requirements, &l)
+                })
+                .collect();
+            let free = |i: &usize| budgets.get(&(t.name.clone(), *i)).copied().unwrap_or(0) > 0;
+            if let Some(i) = fitting.iter().find(|i| free(i)).or(fitting.first()) {
+                *budgets.entry((t.name.clone(), *i)).or_insert(0) -= 1;
+            }
+        }
+        budgets
     }
 
     /// `kpssh_provisioning_latency_seconds{stage="pod_to_nodeclaim"}`: from the oldest pod
@@ -344,41 +382,119 @@ pub fn claim_name<C: Cluster, T: Transport>(ctx: &Context<C, T>, pool: &str) -> 
     format!("{pool}-{suffix}")
 }
 
+/// NodeClaims not being deleted that do not hold a host yet (they will take one).
+pub fn unheld<'a, C: Cluster, T: Transport>(
+    ctx: &'a Context<C, T>,
+    claims: &'a BTreeMap<String, std::sync::Arc<NodeClaim>>,
+) -> impl Iterator<Item = &'a NodeClaim> + 'a {
+    claims
+        .values()
+        .filter(|nc| nc.metadata.deletion_timestamp.is_none())
+        .filter(|nc| {
+            nc.metadata
+                .uid
+                .as_deref()
+                .and_then(|u| ctx.hosts.holder(u))
+                .is_none()
+        })
+        .map(|nc| nc.as_ref())
+}
+
 /// NodeClaims of each instance type that do not hold a host yet (they will take one).
 pub fn unheld_per_type<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     claims: &BTreeMap<String, std::sync::Arc<NodeClaim>>,
 ) -> BTreeMap<String, i64> {
-    let mut unheld: BTreeMap<String, i64> = BTreeMap::new();
-    for nc in claims.values() {
-        if nc.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let holds = nc
-            .metadata
-            .uid
-            .as_deref()
-            .and_then(|u| ctx.hosts.holder(u))
-            .is_some();
-        if !holds && let Some(t) = claim_type(nc) {
-            *unheld.entry(t).or_insert(0) += 1;
+    let mut out: BTreeMap<String, i64> = BTreeMap::new();
+    for nc in unheld(ctx, claims) {
+        if let Some(t) = claim_type(nc) {
+            *out.entry(t).or_insert(0) += 1;
         }
     }
-    unheld
+    out
 }
 
+/// The instance type of a NodeClaim: the one its requirements pin, else the one it was
+/// launched as (its label), else the first (cheapest) it lists (S55: a claim with `minValues`
+/// lists several).
 pub fn claim_type(nc: &NodeClaim) -> Option<String> {
+    let listed = claim_types(nc);
+    if let [only] = listed.as_slice() {
+        return Some(only.clone());
+    }
+    nc.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(INSTANCE_TYPE_LABEL).cloned())
+        .or_else(|| listed.first().cloned())
+}
+
+/// The instance types a NodeClaim admits (its `In` requirement on the instance type, cheapest
+/// first as provisioning writes them), or the one it is labelled with.
+pub fn claim_types(nc: &NodeClaim) -> Vec<String> {
     nc.spec
         .requirements
         .iter()
-        .find(|r| r.key == INSTANCE_TYPE_LABEL && r.operator == "In" && r.values.len() == 1)
-        .map(|r| r.values[0].clone())
+        .find(|r| r.key == INSTANCE_TYPE_LABEL && r.operator == "In" && !r.values.is_empty())
+        .map(|r| r.values.clone())
         .or_else(|| {
             nc.metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(INSTANCE_TYPE_LABEL).cloned())
+                .map(|t| vec![t])
         })
+        .unwrap_or_default()
+}
+
+/// Namespace labels by name, for `namespaceSelector` (S56).
+async fn namespace_labels<C: Cluster>(
+    cluster: &C,
+) -> Result<super::topology::NamespaceLabels, KarpenterError> {
+    let all: Vec<k8s_openapi::api::core::v1::Namespace> = cluster.list(None, None).await?;
+    Ok(all
+        .into_iter()
+        .map(|n| {
+            (
+                n.metadata.name.unwrap_or_default(),
+                n.metadata.labels.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// Every Node's domains and every bound pod, into the round's topology (core's
+/// `countDomains` and inverse anti-affinities).
+pub fn count_cluster(
+    topo: &mut Topology,
+    st: &Inner,
+    namespaces: &super::topology::NamespaceLabels,
+) {
+    let keys = topo.keys();
+    static NONE: Vec<Taint> = Vec::new();
+    for node in st.nodes.values() {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref()).unwrap_or(&NONE);
+        for key in &keys {
+            let value = labels
+                .get(key)
+                .cloned()
+                .or_else(|| (key == super::scheduling::HOSTNAME_KEY).then(|| name.clone()));
+            if let Some(v) = value {
+                topo.register(key, &v, &super::topology::NodeView::Labels(&labels, taints));
+            }
+        }
+    }
+    for p in st.pods.values().filter(|p| super::pods::counts_on_node(p)) {
+        let Some(node) = super::pods::node_name(p).and_then(|n| st.nodes.get(n)) else {
+            continue;
+        };
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref()).unwrap_or(&NONE);
+        let name = node.metadata.name.clone().unwrap_or_default();
+        topo.count_existing(&PodInfo::new(p), &name, &labels, taints, namespaces);
+    }
 }
 
 /// A NodeClaim from a NodePool's template: labels (+ nodepool), annotations, taints, startup
@@ -389,25 +505,37 @@ pub fn build_claim(pool: &NodePool, name: &str, claim: &NewClaim) -> NodeClaim {
     let pool_name = pool.metadata.name.clone().unwrap_or_default();
     let mut labels = pack::template_labels(pool);
     labels.insert(NODEPOOL_LABEL.into(), pool_name.clone());
-    let mut requirements: Vec<NodeSelectorRequirement> = t
-        .spec
-        .requirements
-        .iter()
-        .filter(|r| r.key != INSTANCE_TYPE_LABEL && r.key != NODEPOOL_LABEL)
-        .cloned()
-        .collect();
-    requirements.push(NodeSelectorRequirement {
-        key: NODEPOOL_LABEL.into(),
-        operator: "In".into(),
-        values: vec![pool_name.clone()],
-        min_values: None,
-    });
-    requirements.push(NodeSelectorRequirement {
-        key: INSTANCE_TYPE_LABEL.into(),
-        operator: "In".into(),
-        values: vec![claim.instance_type.clone()],
-        min_values: None,
-    });
+    let requirements = match &claim.requirements {
+        // Narrowed by its pods and their topology (S55, S56), labels resolved from them.
+        Some(reqs) => {
+            labels.extend(claim.labels.clone());
+            reqs.clone()
+        }
+        None => {
+            let mut requirements: Vec<NodeSelectorRequirement> = t
+                .spec
+                .requirements
+                .iter()
+                .filter(|r| r.key != INSTANCE_TYPE_LABEL && r.key != NODEPOOL_LABEL)
+                .cloned()
+                .collect();
+            let reqs = Requirements::from_node_selector(&t.spec.requirements);
+            labels.extend(pack::resolve_labels(&reqs, &BTreeSet::new(), &labels));
+            requirements.push(NodeSelectorRequirement {
+                key: NODEPOOL_LABEL.into(),
+                operator: "In".into(),
+                values: vec![pool_name.clone()],
+                min_values: None,
+            });
+            requirements.push(NodeSelectorRequirement {
+                key: INSTANCE_TYPE_LABEL.into(),
+                operator: "In".into(),
+                values: vec![claim.instance_type.clone()],
+                min_values: None,
+            });
+            requirements
+        }
+    };
     let requests = claim
         .requests
         .iter()

@@ -1,31 +1,40 @@
-//! Bin-packing of pending pods onto new NodeClaims: first-fit-decreasing, one node at a time,
-//! each node keeping every instance type that still fits and finally taking the cheapest.
-//! Budgets per class (claimable hosts) and NodePool limits are checked before a node opens, so
-//! a round never asks for more than exists.
+//! What a new node of each NodePool could be (its offers: instance types as that pool's nodes
+//! would get them), NodePool limits and usage, and the NodeClaims already in flight as
+//! simulated nodes. The packing itself is [`super::solve`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
-use crate::actors::router::instance_types::InstanceType;
-use crate::actors::router::requirements;
-use crate::api::karpenter::{NODEPOOL_LABEL, UNREGISTERED_TAINT_KEY};
+use crate::actors::router::instance_types::{InstanceType, Offering};
+use crate::actors::router::requirements::{
+    Requirement, Requirements, WELL_KNOWN_LABELS,
+};
+use crate::api::karpenter::{
+    ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, NodeSelectorRequirement,
+    OS_LABEL, UNREGISTERED_TAINT_KEY,
+};
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
-use crate::karpenter::scheduling::{PodInfo, SimNode, fits_resources, pods_allow, shapes};
+use crate::karpenter::scheduling::{HOSTNAME_KEY, PodInfo, SimNode};
 use crate::karpenter::state::Inner;
 use crate::karpenter::{DISRUPTION_ANNOTATION, pods, quantity};
 
-use super::claim_type;
+use super::{claim_type, claim_types};
 
 /// One instance type as a node of one NodePool would get it.
 #[derive(Debug, Clone)]
 pub struct Choice {
     pub it: InstanceType,
+    /// The labels every such node gets (template, resolved requirements, the type's).
     pub labels: BTreeMap<String, String>,
     /// Allocatable less daemonset overhead: what pending pods may use.
     pub avail: BTreeMap<String, i128>,
     pub daemon_overhead: BTreeMap<String, i128>,
+    /// The type's own labels as requirements (instance type, arch, os, capacity type).
+    pub type_reqs: Requirements,
+    /// The type's offerings (indices into `it.offerings`) the pool's requirements admit.
+    pub offerings: Vec<usize>,
 }
 
 /// A NodePool with the instance types its node class offers.
@@ -38,23 +47,57 @@ pub struct PoolOffer {
     pub limits: BTreeMap<String, i128>,
     pub types: Vec<InstanceType>,
     pub choices: Vec<Choice>,
+    /// The template's requirements (with `minValues`), its labels and the NodePool's, as core's
+    /// `NodeClaimTemplate.Requirements`.
+    pub reqs: Requirements,
+    /// The template's labels and `karpenter.sh/nodepool`.
+    pub labels: BTreeMap<String, String>,
+    /// The label keys the class's hosts give their nodes (zone, rack, custom): like a cloud
+    /// provider's well-known labels, pods may require them without the template defining them,
+    /// and only the host decides their value.
+    pub host_keys: BTreeSet<String>,
 }
 
-/// Template labels plus the single value of each `In` requirement on a key the template does
-/// not label (Karpenter's way of turning requirements into node labels).
+/// The template's labels (requirements are resolved per NodeClaim: [`resolve_labels`]).
 pub fn template_labels(pool: &NodePool) -> BTreeMap<String, String> {
-    let t = &pool.spec.template;
-    let mut labels = t.metadata.labels().clone();
-    for r in &t.spec.requirements {
-        if r.operator == "In"
-            && !labels.contains_key(&r.key)
-            && !r.key.starts_with("node.kubernetes.io/instance-type")
-            && let Some(v) = r.values.first()
-        {
-            labels.insert(r.key.clone(), v.clone());
-        }
-    }
-    labels
+    pool.spec.template.metadata.labels().clone()
+}
+
+/// Labels a NodeClaim gets from its (narrowed) requirements, as core's
+/// `resolveCustomLabelsFromRequirements`: one value ([`Requirement::any`]) for every key that
+/// is not well-known, not restricted, not given by the hosts and not already labelled.
+pub fn resolve_labels(
+    reqs: &Requirements,
+    host_keys: &BTreeSet<String>,
+    labels: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    reqs.iter()
+        .filter(|r| {
+            !WELL_KNOWN_LABELS.contains(&r.key.as_str())
+                && !host_keys.contains(&r.key)
+                && !labels.contains_key(&r.key)
+                && r.key != HOSTNAME_KEY
+                && !restricted(&r.key)
+        })
+        .filter_map(|r| Some((r.key.clone(), r.any()?)))
+        .collect()
+}
+
+fn restricted(key: &str) -> bool {
+    let domain = key.split_once('/').map_or("", |(d, _)| d);
+    domain == "karpenter.sh" || domain.ends_with(".karpenter.sh")
+}
+
+/// Whether `o` (one offering: its hosts' topology labels) can carry a node with `reqs`: each
+/// label it has is allowed, and each host key it lacks may be absent.
+pub fn offering_ok(o: &Offering, reqs: &Requirements, host_keys: &BTreeSet<String>) -> bool {
+    o.labels
+        .iter()
+        .all(|(k, v)| !reqs.has(k) || reqs.get(k).has(v))
+        && host_keys
+            .iter()
+            .filter(|k| !o.labels.contains_key(*k) && reqs.has(k))
+            .all(|k| reqs.get(k).allows_absent())
 }
 
 fn allocatable(it: &InstanceType, class: &SSHNodeClass) -> BTreeMap<String, i128> {
@@ -77,6 +120,20 @@ fn daemon_pod(ds: &DaemonSet) -> Option<Pod> {
     })
 }
 
+/// The type-level requirements of `it`.
+pub fn type_requirements(it: &InstanceType) -> Requirements {
+    let mut r = Requirements::default();
+    for (k, v) in [
+        (INSTANCE_TYPE_LABEL, &it.name),
+        (ARCH_LABEL, &it.arch),
+        (OS_LABEL, &"linux".to_string()),
+        (CAPACITY_TYPE_LABEL, &"on-demand".to_string()),
+    ] {
+        r.add(Requirement::one_of(k, [v.clone()]));
+    }
+    r
+}
+
 impl PoolOffer {
     pub fn new(
         pool: &NodePool,
@@ -88,6 +145,16 @@ impl PoolOffer {
         let t = &pool.spec.template.spec;
         let mut base = template_labels(pool);
         base.insert(NODEPOOL_LABEL.into(), name.clone());
+        let mut reqs = Requirements::from_node_selector(&t.requirements);
+        reqs.add(Requirement::one_of(NODEPOOL_LABEL, [name.clone()]));
+        for (k, v) in &base {
+            reqs.add(Requirement::one_of(k, [v.clone()]));
+        }
+        let host_keys: BTreeSet<String> = types
+            .iter()
+            .flat_map(|it| it.offerings.iter().flat_map(|o| o.labels.keys().cloned()))
+            .collect();
+        base.extend(resolve_labels(&reqs, &host_keys, &base));
         let ds_pods: Vec<PodInfo> = daemonsets
             .iter()
             .filter_map(daemon_pod)
@@ -95,18 +162,15 @@ impl PoolOffer {
             .collect();
         let mut choices = vec![];
         for it in &types {
-            let mut labels = base.clone();
-            labels.extend(it.labels());
-            let reqs_ok = t.requirements.iter().all(|r| {
-                if labels.contains_key(&r.key) {
-                    requirements::matches(r, &labels)
-                } else {
-                    matches!(r.operator.as_str(), "NotIn" | "DoesNotExist")
-                }
-            });
-            if !reqs_ok {
+            let type_reqs = type_requirements(it);
+            let offerings: Vec<usize> = (0..it.offerings.len())
+                .filter(|i| offering_ok(&it.offerings[*i], &reqs, &host_keys))
+                .collect();
+            if type_reqs.intersects(&reqs).is_err() || offerings.is_empty() {
                 continue;
             }
+            let mut labels = base.clone();
+            labels.extend(it.labels());
             let alloc = allocatable(it, class);
             let mut overhead: BTreeMap<String, i128> = BTreeMap::new();
             for d in &ds_pods {
@@ -127,6 +191,8 @@ impl PoolOffer {
                 labels,
                 avail,
                 daemon_overhead: overhead,
+                type_reqs,
+                offerings,
             });
         }
         let limits = pool
@@ -138,6 +204,8 @@ impl PoolOffer {
                 Some((k.clone(), q))
             })
             .collect();
+        let mut labels = template_labels(pool);
+        labels.insert(NODEPOOL_LABEL.into(), name.clone());
         PoolOffer {
             pool: name,
             weight: pool.spec.weight.unwrap_or(0),
@@ -145,33 +213,34 @@ impl PoolOffer {
             limits,
             types,
             choices,
+            reqs,
+            labels,
+            host_keys,
         }
+    }
+
+    /// A key pods may require without the template defining it (core's
+    /// `AllowUndefinedWellKnownLabels`, with the hosts' label keys as the provider's).
+    pub fn undefined_ok(&self, key: &str) -> bool {
+        WELL_KNOWN_LABELS.contains(&key) || self.host_keys.contains(key)
     }
 }
 
 /// A NodeClaim to create.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct NewClaim {
     pub pool: String,
+    /// The instance type priced for it (the cheapest of `instance_types`).
     pub instance_type: String,
     /// Pods' requests plus daemonset overhead, in milli-units.
     pub requests: BTreeMap<String, i128>,
     pub pods: Vec<(String, String)>,
-}
-
-/// A node being filled.
-#[derive(Debug)]
-pub struct Bin<'a> {
-    pub offer: &'a PoolOffer,
-    pub choices: Vec<&'a Choice>,
-    pub node: SimNode,
-    pub pods: Vec<(String, String)>,
-}
-
-#[derive(Debug, Default)]
-pub struct PackOutcome<'a> {
-    pub claims: Vec<NewClaim>,
-    pub unplaced: Vec<(&'a PodInfo, String)>,
+    /// Its requirements narrowed by its pods and their topology (core's NodeClaim
+    /// requirements), `karpenter.sh/nodepool` and the instance type included; `None`: the
+    /// template's, with `instance_type` (a replacement).
+    pub requirements: Option<Vec<NodeSelectorRequirement>>,
+    /// Labels resolved from those requirements ([`resolve_labels`]).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// What one node of `it` may add to its NodePool's usage: the capacity of its largest host
@@ -188,145 +257,19 @@ pub fn within_limits(
     used: Option<&BTreeMap<String, i128>>,
     it: &InstanceType,
 ) -> bool {
-    let cap = capacity_with_node(it);
-    offer.limits.iter().all(|(k, limit)| {
-        let u = used.and_then(|u| u.get(k)).copied().unwrap_or(0);
-        u + cap.get(k).copied().unwrap_or(0) <= *limit
-    })
+    within(offer, used, &capacity_with_node(it))
 }
 
-/// Pack `pods` (sorted largest first) into new nodes.
-pub fn pack<'a>(
-    pods: &'a [PodInfo],
-    offers: &'a [PoolOffer],
-    mut budgets: BTreeMap<String, i64>,
-    mut usage: BTreeMap<String, BTreeMap<String, i128>>,
-) -> PackOutcome<'a> {
-    let mut out = PackOutcome::default();
-    let shape = shapes(pods);
-    // `refused[s] == bin number`: the bin being filled refused shape `s` (it only fills up, so
-    // it refuses every later pod of that shape too).
-    let mut refused: Vec<usize> = vec![usize::MAX; shape.iter().max().map_or(0, |m| m + 1)];
-    let mut remaining: Vec<usize> = (0..pods.len()).collect();
-    let mut bin_no = 0usize;
-    while !remaining.is_empty() {
-        let i = remaining[0];
-        let pod = &pods[i];
-        let mut taken = vec![i];
-        let (mut compatible, mut no_host, mut limited) = (false, false, false);
-        let mut opened = None;
-        for offer in offers {
-            if !pod.tolerates(&offer.taints) {
-                continue;
-            }
-            let mut ok: Vec<&Choice> = vec![];
-            for c in &offer.choices {
-                if !pod.labels_match(&c.labels)
-                    || !fits_resources(&pod.requests, &BTreeMap::new(), &c.avail)
-                {
-                    continue;
-                }
-                compatible = true;
-                if budgets.get(&c.it.name).copied().unwrap_or(0) <= 0 {
-                    no_host = true;
-                    continue;
-                }
-                if !within_limits(offer, usage.get(&offer.pool), &c.it) {
-                    limited = true;
-                    continue;
-                }
-                ok.push(c);
-            }
-            if !ok.is_empty() {
-                opened = Some(Bin {
-                    offer,
-                    choices: ok,
-                    node: SimNode::default(),
-                    pods: vec![],
-                });
-                break;
-            }
-        }
-        let Some(mut bin) = opened else {
-            remaining.remove(0);
-            let why = if limited {
-                "NodePool limits exceeded"
-            } else if no_host {
-                "no free host of a fitting class (all claimable hosts are spoken for)"
-            } else if compatible {
-                "no fitting instance type"
-            } else {
-                "incompatible with every NodePool (requirements, taints or resources)"
-            };
-            out.unplaced.push((pod, why.to_string()));
-            continue;
-        };
-        bin_no += 1;
-        bin.node.add(pod);
-        bin.pods.push(pod.key());
-        for &j in &remaining[1..] {
-            let q = &pods[j];
-            if refused[shape[j]] == bin_no {
-                continue;
-            }
-            if !q.tolerates(&bin.offer.taints) || !pods_allow(q, &bin.node.pods) {
-                refused[shape[j]] = bin_no;
-                continue;
-            }
-            let used = &bin.node.used;
-            let still: Vec<&Choice> = bin
-                .choices
-                .iter()
-                .copied()
-                .filter(|c| {
-                    q.labels_match(&c.labels) && fits_resources(&q.requests, used, &c.avail)
-                })
-                .collect();
-            if still.is_empty() {
-                refused[shape[j]] = bin_no;
-                continue;
-            }
-            bin.choices = still;
-            bin.node.add(q);
-            bin.pods.push(q.key());
-            taken.push(j);
-        }
-        // `taken` is in the order of `remaining`, so one merge pass drops it.
-        let mut t = taken.iter().peekable();
-        remaining.retain(|j| {
-            if t.peek() == Some(&j) {
-                t.next();
-                false
-            } else {
-                true
-            }
-        });
-        let Some(best) = bin.choices.iter().min_by(|a, b| {
-            a.it.price
-                .total_cmp(&b.it.price)
-                .then_with(|| a.it.name.cmp(&b.it.name))
-        }) else {
-            continue;
-        };
-        if let Some(b) = budgets.get_mut(&best.it.name) {
-            *b -= 1;
-        }
-        let u = usage.entry(bin.offer.pool.clone()).or_default();
-        for (k, v) in capacity_with_node(&best.it) {
-            *u.entry(k).or_insert(0) += v;
-        }
-        let mut requests = bin.node.used.clone();
-        for (k, v) in &best.daemon_overhead {
-            *requests.entry(k.clone()).or_insert(0) += v;
-        }
-        out.claims.push(NewClaim {
-            pool: bin.offer.pool.clone(),
-            instance_type: best.it.name.clone(),
-            requests,
-            pods: bin.pods,
-        });
-    }
-    out
+/// Whether `more` keeps the pool within its limits, given what it uses now.
+pub fn within(
+    offer: &PoolOffer,
+    used: Option<&BTreeMap<String, i128>>,
+    more: &BTreeMap<String, i128>,
+) -> bool {
+    offer.limits.iter().all(|(k, limit)| {
+        let u = used.and_then(|u| u.get(k)).copied().unwrap_or(0);
+        u + more.get(k).copied().unwrap_or(0) <= *limit
+    })
 }
 
 /// Resources each NodePool's NodeClaims take, for limits: a launched claim's recorded
@@ -349,10 +292,16 @@ pub fn pool_usage(
             })
             .unwrap_or_default();
         let cap = if status_cap.is_empty() {
-            claim_type(nc)
-                .and_then(|t| types.get(&t))
-                .map(|t| t.largest.clone())
-                .unwrap_or_default()
+            // Not launched: the largest host of any type it lists (S55: a claim with
+            // minValues lists several), as core counts the largest of its options.
+            let mut cap: BTreeMap<String, i128> = BTreeMap::new();
+            for t in claim_types(nc).iter().filter_map(|t| types.get(t)) {
+                for (k, v) in &t.largest {
+                    let e = cap.entry(k.clone()).or_insert(*v);
+                    *e = (*e).max(*v);
+                }
+            }
+            cap
         } else {
             status_cap
         };
@@ -408,10 +357,28 @@ pub fn inflight_nodes(
             continue;
         }
         let ty = claim_type(nc);
-        let choice = offers
+        let listed = claim_types(nc);
+        let offer = offers
             .iter()
-            .find(|o| Some(o.pool.as_str()) == nc.nodepool())
-            .and_then(|o| o.choices.iter().find(|c| Some(&c.it.name) == ty.as_ref()));
+            .find(|o| Some(o.pool.as_str()) == nc.nodepool());
+        let choice = offer.and_then(|o| o.choices.iter().find(|c| Some(&c.it.name) == ty.as_ref()));
+        // S55: a claim listing several types may get any of them: its pods fit the smallest.
+        let room = offer.filter(|_| listed.len() > 1).map(|o| {
+            let mut room: Option<BTreeMap<String, i128>> = None;
+            for c in o.choices.iter().filter(|c| listed.contains(&c.it.name)) {
+                room = Some(match room {
+                    None => c.avail.clone(),
+                    Some(r) => r
+                        .into_iter()
+                        .map(|(k, v)| {
+                            let other = c.avail.get(&k).copied().unwrap_or(0);
+                            (k, v.min(other))
+                        })
+                        .collect(),
+                });
+            }
+            room.unwrap_or_default()
+        });
         let node = st.node_of(nc);
         let mut labels = choice.map(|c| c.labels.clone()).unwrap_or_default();
         labels.extend(nc.metadata.labels.clone().unwrap_or_default());
@@ -469,13 +436,18 @@ pub fn inflight_nodes(
                 }
             }
             None => {
-                sim.allocatable = match choice {
-                    Some(c) => c.avail.clone(),
+                sim.allocatable = match (room, choice) {
+                    (Some(r), _) if !r.is_empty() => r,
+                    (_, Some(c)) => c.avail.clone(),
                     // S54: its instance type left the pool's offers (its class lost its hosts,
                     // the pool's requirements changed) while it launches: it still takes the
                     // pods it was made for. What it asked for is a lower bound of its room.
-                    None => claimed_room(nc, types.get(ty.as_deref().unwrap_or_default())),
+                    _ => claimed_room(nc, types.get(ty.as_deref().unwrap_or_default())),
                 };
+                if listed.len() > 1 && nc.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(INSTANCE_TYPE_LABEL)) {
+                    // Which of its types it gets is not known yet.
+                    labels.remove(INSTANCE_TYPE_LABEL);
+                }
                 for r in &nc.spec.requirements {
                     if r.operator == "In"
                         && let [only] = r.values.as_slice()
@@ -494,7 +466,10 @@ pub fn inflight_nodes(
 
 #[cfg(test)]
 mod tests {
+    use super::super::solve::pack;
     use super::*;
+    use crate::actors::router::instance_types::Offering;
+    use crate::karpenter::scheduling::{fits_resources, pods_allow};
     use rand::{Rng, SeedableRng};
 
     fn offer() -> PoolOffer {
@@ -514,11 +489,21 @@ mod tests {
                 price,
                 claimable: 1000,
                 usable: 1000,
+                offerings: vec![Offering {
+                    labels: BTreeMap::from([(
+                        "topology.kubernetes.io/zone".to_string(),
+                        "pool".to_string(),
+                    )]),
+                    claimable: 1000,
+                    usable: 1000,
+                }],
             };
             let mut avail = it.capacity.clone();
             avail.insert("pods".into(), 110_000);
             Choice {
                 labels: it.labels(),
+                type_reqs: type_requirements(&it),
+                offerings: vec![0],
                 it,
                 avail,
                 daemon_overhead: BTreeMap::new(),
@@ -532,6 +517,9 @@ mod tests {
             limits: BTreeMap::new(),
             types: choices.iter().map(|c| c.it.clone()).collect(),
             choices,
+            reqs: Requirements::default(),
+            labels: BTreeMap::new(),
+            host_keys: BTreeSet::from(["topology.kubernetes.io/zone".to_string()]),
         }
     }
 
@@ -555,6 +543,8 @@ mod tests {
             claims: vec![],
             volume_terms: vec![],
             unsupported: None,
+            topology: vec![],
+            invalid: None,
         }
     }
 
