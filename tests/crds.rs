@@ -360,6 +360,7 @@ status:
             instance_type: "c8-m32".into(),
             requests: [("cpu".to_string(), 2000), ("memory".to_string(), 1 << 40)].into(),
             pods: vec![],
+            ..Default::default()
         },
     );
     let mut claim = serde_json::to_value(&claim).expect("json");

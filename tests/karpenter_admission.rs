@@ -158,9 +158,13 @@ async fn karpenter_crds_reject_unparsable_durations_and_operators_at_admission()
 async fn what_kpssh_writes_is_admitted_and_read_back_unchanged() {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kpssh::actors::router::instance_types::{InstanceType, Offering};
+    use kpssh::api::karpenter::{INSTANCE_TYPE_LABEL, NodeSelectorRequirement, ZONE_LABEL};
     use kpssh::api::{NodeClaim, NodeClaimStatus, NodePool};
     use kpssh::k8s::{Cluster, KubeCluster};
-    use kpssh::karpenter::provisioning::{NewClaim, build_claim};
+    use kpssh::karpenter::provisioning::solve::pack;
+    use kpssh::karpenter::provisioning::{PoolOffer, build_claim};
+    use kpssh::karpenter::scheduling::PodInfo;
 
     let cp = ControlPlane::shared();
     cp.install_crds(&crds::karpenter_crds_yaml()).await;
@@ -172,24 +176,68 @@ async fn what_kpssh_writes_is_admitted_and_read_back_unchanged() {
     .expect("examples/nodepool.yaml");
     let mut pool: NodePool = serde_yaml::from_str(&text).expect("example NodePool");
     pool.metadata.name = Some("ka-roundtrip".into());
+    // S55: requirements a NodeClaim gets narrowed, minValues and bounds included.
+    let req = |k: &str, op: &str, v: &[&str], min: Option<i32>| NodeSelectorRequirement {
+        key: k.into(),
+        operator: op.into(),
+        values: v.iter().map(|s| s.to_string()).collect(),
+        min_values: min,
+    };
+    pool.spec.template.spec.requirements.extend([
+        req("team", "In", &["a", "b"], None),
+        req("example.com/gen", "Gt", &["3"], None),
+        req("example.com/tier", "Exists", &[], None),
+        req(INSTANCE_TYPE_LABEL, "In", &["c8-m32", "c4-m16"], Some(2)),
+    ]);
     let pool = cluster
         .create(&pool)
         .await
         .expect("example NodePool admitted");
-    let built = build_claim(
+    // As provisioning builds one: the solver's NodeClaim for a pod that asks for team b, over
+    // two instance types in two zones.
+    let it = |name: &str, cpu: i128| InstanceType {
+        name: name.into(),
+        arch: "amd64".into(),
+        capacity: [("cpu".to_string(), cpu), ("memory".to_string(), cpu << 32)].into(),
+        largest: [("cpu".to_string(), cpu), ("memory".to_string(), cpu << 32)].into(),
+        max_pods: 110,
+        price: cpu as f64,
+        claimable: 2,
+        usable: 2,
+        offerings: ["a", "b"]
+            .iter()
+            .map(|z| Offering {
+                labels: [(ZONE_LABEL.to_string(), z.to_string())].into(),
+                claimable: 1,
+                usable: 1,
+            })
+            .collect(),
+    };
+    let class = kpssh::sim::world::node_class("bare-metal", "p");
+    let offers = [PoolOffer::new(
         &pool,
-        "ka-roundtrip-x1y2z",
-        &NewClaim {
-            pool: "ka-roundtrip".into(),
-            instance_type: "c8-m32".into(),
-            requests: [
-                ("cpu".to_string(), 1500),
-                ("memory".to_string(), 2 * 1024 * 1024 * 1024 * 1000),
-                ("pods".to_string(), 3000),
-            ]
-            .into(),
-            pods: vec![],
-        },
+        &class,
+        vec![it("c8-m32", 8000), it("c4-m16", 4000)],
+        &[],
+    )];
+    let mut p = kpssh::sim::world::pod("p", "1500m", "2Gi");
+    p.spec.as_mut().expect("spec").node_selector =
+        Some([("team".to_string(), "b".to_string())].into());
+    let pods = [PodInfo::new(&p)];
+    let budgets = [("c8-m32".to_string(), 2), ("c4-m16".to_string(), 2)].into();
+    let outcome = pack(&pods, &offers, budgets, Default::default());
+    assert!(outcome.unplaced.is_empty(), "{:?}", outcome.unplaced);
+    let built = build_claim(&pool, "ka-roundtrip-x1y2z", &outcome.claims[0]);
+    let reqs = &built.spec.requirements;
+    assert!(
+        reqs.iter().any(|r| r.key == "team" && r.values == ["b"]),
+        "{reqs:?}"
+    );
+    assert!(
+        reqs.iter().any(|r| r.key == INSTANCE_TYPE_LABEL
+            && r.values == ["c4-m16", "c8-m32"]
+            && r.min_values == Some(2)),
+        "{reqs:?}"
     );
     let created = cluster
         .create(&built)

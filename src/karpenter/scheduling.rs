@@ -94,7 +94,8 @@ pub struct PodInfo {
 
 impl PodInfo {
     pub fn new(p: &Pod) -> PodInfo {
-        let spec = p.spec.clone().unwrap_or_default();
+        let none = k8s_openapi::api::core::v1::PodSpec::default();
+        let spec = p.spec.as_ref().unwrap_or(&none);
         let mut unsupported = None;
         let mut invalid = None;
         let mut terms = vec![];
@@ -172,7 +173,7 @@ impl PodInfo {
         }
         let namespace = p.metadata.namespace.clone().unwrap_or_default();
         let labels = p.metadata.labels.clone().unwrap_or_default();
-        let topology = match super::topology::terms_of(&spec, &namespace, &labels) {
+        let topology = match super::topology::terms_of(spec, &namespace, &labels) {
             Ok(t) => t,
             Err(why) => {
                 invalid = invalid.or(Some(why));
@@ -197,7 +198,7 @@ impl PodInfo {
             tolerations: spec.tolerations.clone().unwrap_or_default(),
             anti,
             spread,
-            host_ports: host_ports(&spec),
+            host_ports: host_ports(spec),
             claims,
             volume_terms: vec![],
             unsupported,

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use super::lifecycle::node_ready;
 use super::pods;
 use super::quantity;
-use super::scheduling::{HOSTNAME_KEY, PodInfo, SimNode};
+use super::scheduling::{HOSTNAME_KEY, PodInfo, SimNode, shapes};
 use super::state::ClusterState;
 use super::topology::{self, Mode, Topology};
 use crate::actors::router::requirements::{Requirement, Requirements};
@@ -192,26 +192,39 @@ pub async fn schedule_once<C: Cluster>(
     }
     let mut bound = 0;
     let mut seen = BTreeSet::new();
+    // Per shape, the first node that may still take it: a node that refused a shape on its
+    // own (resources, labels, taints, its pods) refuses it for the rest of the pass.
+    let shape = shapes(&infos);
+    let mut first = vec![0usize; shape.iter().max().map_or(0, |m| m + 1)];
     for (i, (p, info)) in pending.into_iter().zip(&infos).enumerate() {
         let ns = info.namespace.clone();
         let name = info.name.clone();
         seen.insert((ns.clone(), name.clone()));
         let pod_reqs = Requirements::from_labels(&info.node_selector);
         let mut chosen = None;
-        for (ni, n) in nodes.iter().enumerate() {
+        let mut prefix = true;
+        for (ni, n) in nodes.iter().enumerate().skip(first[shape[i]]) {
             if info.invalid.is_some() || !n.fits(info) {
+                if prefix {
+                    first[shape[i]] = ni + 1;
+                }
                 continue;
             }
+            prefix = false;
             if topo.is_empty() {
                 chosen = Some((ni, None));
                 break;
             }
             let reqs = &node_reqs[ni];
+            if topo.quick_reject(i, info, reqs).is_some() {
+                continue;
+            }
             match topo.add_requirements(i, info, &pod_reqs, reqs, &n.taints) {
-                Ok(t) if t.iter().all(|r| match n.labels.get(&r.key) {
-                    Some(v) => r.has(v),
-                    None => r.key == HOSTNAME_KEY || r.allows_absent(),
-                }) =>
+                Ok(t)
+                    if t.iter().all(|r| match n.labels.get(&r.key) {
+                        Some(v) => r.has(v),
+                        None => r.key == HOSTNAME_KEY || r.allows_absent(),
+                    }) =>
                 {
                     chosen = Some((ni, Some(t)));
                     break;

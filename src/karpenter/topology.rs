@@ -141,12 +141,16 @@ pub fn terms_of(
     }
     let aff = spec.affinity.as_ref();
     let req = |terms: Option<&Vec<PodAffinityTerm>>| terms.cloned().unwrap_or_default();
-    let affinity = req(aff
-        .and_then(|a| a.pod_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()));
+    let affinity = req(aff.and_then(|a| a.pod_affinity.as_ref()).and_then(|a| {
+        a.required_during_scheduling_ignored_during_execution
+            .as_ref()
+    }));
     let anti = req(aff
         .and_then(|a| a.pod_anti_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()));
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        }));
     for (kind, terms) in [(Kind::Affinity, affinity), (Kind::AntiAffinity, anti)] {
         for t in &terms {
             out.push(affinity_term(kind, t, namespace, labels)?);
@@ -210,7 +214,8 @@ impl NodeFilter {
                     .all(|(k, v)| !reqs.has(k) || reqs.get(k).has(v))
                     && (self.terms.is_empty()
                         || self.terms.iter().any(|t| {
-                            reqs.intersects(&Requirements::from_node_selector(t)).is_ok()
+                            reqs.intersects(&Requirements::from_node_selector(t))
+                                .is_ok()
                         }))
                     && self.tolerated(taints)
             }
@@ -241,7 +246,9 @@ struct Group {
 
 impl Group {
     fn selects(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
-        self.namespaces.as_ref().is_none_or(|n| n.contains(namespace))
+        self.namespaces
+            .as_ref()
+            .is_none_or(|n| n.contains(namespace))
             && self.selector.as_ref().is_some_and(|s| s.matches(labels))
     }
 
@@ -303,6 +310,7 @@ impl Group {
     /// The domains a pod may go to (core's `TopologyGroup.Get`).
     fn next(
         &self,
+        pin: bool,
         pod_selected: bool,
         pod_domains: &Requirement,
         node_domains: &Requirement,
@@ -317,7 +325,9 @@ impl Group {
                 let own = i64::from(pod_selected);
                 let best = cands
                     .iter()
-                    .filter(|(d, c)| pod_domains.has(d) && c + own - min <= i64::from(self.max_skew))
+                    .filter(|(d, c)| {
+                        pod_domains.has(d) && c + own - min <= i64::from(self.max_skew)
+                    })
                     .min_by_key(|(d, c)| (*c, *d));
                 pick(best.map(|(d, _)| d.to_string()).into_iter().collect())
             }
@@ -325,13 +335,19 @@ impl Group {
                 if self.empty == 0 {
                     return pick(vec![]);
                 }
-                pick(
-                    cands
-                        .iter()
-                        .filter(|(d, c)| *c == 0 && pod_domains.has(d))
-                        .map(|(d, _)| d.to_string())
-                        .collect(),
-                )
+                let empty = cands
+                    .iter()
+                    .filter(|(d, c)| *c == 0 && pod_domains.has(d))
+                    .map(|(d, _)| d.to_string());
+                // For the pod's own anti-affinity, one empty domain, not all of them (core
+                // keeps every empty one and, once the pod is placed, blocks them all, so a
+                // second such pod waits for the next round): the node is pinned where the pod
+                // goes. Another pod's anti-affinity only rules out the domains it holds.
+                if pin {
+                    pick(empty.take(1).collect())
+                } else {
+                    pick(empty.collect())
+                }
             }
             Kind::Affinity => {
                 let with_pods: Vec<String> = cands
@@ -372,11 +388,11 @@ pub struct Topology {
     by_sig: HashMap<String, usize>,
     /// Groups each pending pod owns (by the pod's index).
     owned: Vec<Vec<usize>>,
-    /// Anti-affinity of placed pods, seen from the pods they repel: (group, owner) where the
-    /// owner is a pending pod's index, or None for a pod already on a node.
-    inverse: Vec<(Group, Option<usize>)>,
-    /// The inverse groups of pods already on nodes, by signature (many pods share one).
-    existing_inverse: HashMap<String, usize>,
+    /// Anti-affinity terms, seen from the pods they repel: each group counts where the pods
+    /// with the term are (those on nodes, and its owners: the round's pods with the term, by
+    /// index, as they are placed). One group per distinct term.
+    inverse: Vec<(Group, BTreeSet<usize>)>,
+    inverse_by_sig: HashMap<String, usize>,
     /// Every domain seen per key.
     domains: BTreeMap<String, BTreeSet<String>>,
 }
@@ -390,14 +406,15 @@ impl Topology {
             by_sig: HashMap::new(),
             owned: vec![vec![]; pending.len()],
             inverse: vec![],
-            existing_inverse: HashMap::new(),
+            inverse_by_sig: HashMap::new(),
             domains: BTreeMap::new(),
         };
         for (i, p) in pending.iter().enumerate() {
             for term in &p.topology {
                 let g = group_of(term, p, namespaces);
                 if term.kind == Kind::AntiAffinity {
-                    t.inverse.push((g.clone(), Some(i)));
+                    let gi = t.inverse_of(g.clone());
+                    t.inverse[gi].1.insert(i);
                 }
                 let sig = format!(
                     "{:?}|{}|{:?}|{:?}|{}|{:?}|{:?}",
@@ -413,6 +430,22 @@ impl Topology {
             }
         }
         t
+    }
+
+    /// The inverse group of an anti-affinity term (made, with the domains known so far, the
+    /// first time).
+    fn inverse_of(&mut self, g: Group) -> usize {
+        let sig = format!("{}|{:?}|{:?}", g.key, g.namespaces, g.selector);
+        if let Some(gi) = self.inverse_by_sig.get(&sig) {
+            return *gi;
+        }
+        let mut g = g;
+        for known in self.domains.get(&g.key).into_iter().flatten() {
+            g.register(known);
+        }
+        self.inverse.push((g, BTreeSet::new()));
+        self.inverse_by_sig.insert(sig, self.inverse.len() - 1);
+        self.inverse.len() - 1
     }
 
     /// Whether any pod of the round has a topology term, or any placed pod an anti-affinity.
@@ -475,22 +508,44 @@ impl Topology {
             let Some(d) = domain_of(&term.key) else {
                 continue;
             };
-            let g = group_of(term, pod, namespaces);
-            let sig = format!("{:?}|{}|{:?}|{:?}", g.kind, g.key, g.namespaces, g.selector);
-            let gi = match self.existing_inverse.get(&sig) {
-                Some(gi) => *gi,
-                None => {
-                    let mut g = g;
-                    for known in self.domains.get(&g.key).into_iter().flatten() {
-                        g.register(known);
-                    }
-                    self.inverse.push((g, None));
-                    self.existing_inverse.insert(sig, self.inverse.len() - 1);
-                    self.inverse.len() - 1
-                }
-            };
+            let gi = self.inverse_of(group_of(term, pod, namespaces));
             self.inverse[gi].0.record(&d);
         }
+    }
+
+    /// A fast answer for a node already in one domain of a key pod `i`'s own spread or
+    /// anti-affinity counts by: `Some(permanent)` when that domain refuses the pod (an
+    /// anti-affinity refusal is for good: counts only grow), `None` when
+    /// [`Topology::add_requirements`] must decide.
+    pub fn quick_reject(&self, i: usize, pod: &PodInfo, node: &Requirements) -> Option<bool> {
+        let hostname_zero = self.mode == Mode::Provisioning;
+        let plain = pod.terms.is_empty() && pod.volume_terms.is_empty();
+        for g in self
+            .owned
+            .get(i)
+            .into_iter()
+            .flatten()
+            .map(|g| &self.groups[*g])
+        {
+            let Some(r) = node.get_ref(&g.key).filter(|r| r.len() == Some(1)) else {
+                continue;
+            };
+            let Some(c) = r.values().next().and_then(|d| g.counts.get(d)) else {
+                continue;
+            };
+            match g.kind {
+                Kind::AntiAffinity if *c > 0 => return Some(true),
+                Kind::Spread if plain && !pod.node_selector.contains_key(&g.key) => {
+                    let min = g.min_count(&Requirement::exists(&g.key), hostname_zero);
+                    let own = i64::from(g.selects(&pod.namespace, &pod.labels));
+                    if c + own - min > i64::from(g.max_skew) {
+                        return Some(false);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
     }
 
     /// Narrow `node` (the requirements of the node being considered, the pod's own merged in)
@@ -506,20 +561,24 @@ impl Topology {
     ) -> Result<Requirements, String> {
         let mut out = node.clone();
         let view = NodeView::Planned(node, taints);
-        let owned = self.owned.get(i).into_iter().flatten().map(|g| &self.groups[*g]);
+        let owned = self
+            .owned
+            .get(i)
+            .into_iter()
+            .flatten()
+            .map(|g| &self.groups[*g]);
         let repelled = self
             .inverse
             .iter()
-            .filter(|(g, owner)| {
-                *owner != Some(i) && g.selects(&pod.namespace, &pod.labels) && g.node_counts(&view)
-            })
+            .filter(|(g, _)| g.selects(&pod.namespace, &pod.labels) && g.node_counts(&view))
             .map(|(g, _)| g);
         let hostname_zero = self.mode == Mode::Provisioning;
-        for g in owned.chain(repelled) {
+        let owned = owned.map(|g| (g, true));
+        for (g, pin) in owned.chain(repelled.map(|g| (g, false))) {
             let pod_domains = pod_reqs.get(&g.key);
             let node_domains = node.get(&g.key);
             let selected = g.selects(&pod.namespace, &pod.labels);
-            let domains = g.next(selected, &pod_domains, &node_domains, hostname_zero);
+            let domains = g.next(pin, selected, &pod_domains, &node_domains, hostname_zero);
             if domains.len() == Some(0) {
                 return Err(format!(
                     "{} on {} cannot be satisfied{}",
@@ -553,8 +612,8 @@ impl Topology {
                 g.record(&d);
             }
         }
-        for (g, owner) in &mut self.inverse {
-            if *owner == Some(i) {
+        for (g, owners) in &mut self.inverse {
+            if owners.contains(&i) {
                 for d in domains_of(g, reqs, true) {
                     g.record(&d);
                 }
@@ -569,12 +628,7 @@ fn domains_of(g: &Group, reqs: &Requirements, all: bool) -> Vec<String> {
     match r.len() {
         Some(1) => r.values().cloned().collect(),
         Some(_) if all => r.values().cloned().collect(),
-        None if all && reqs.has(&g.key) => g
-            .counts
-            .keys()
-            .filter(|d| r.has(d))
-            .cloned()
-            .collect(),
+        None if all && reqs.has(&g.key) => g.counts.keys().filter(|d| r.has(d)).cloned().collect(),
         None if all => g.counts.keys().cloned().collect(),
         _ => vec![],
     }

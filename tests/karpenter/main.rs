@@ -113,7 +113,8 @@ pub async fn hosts_labelled(
     for i in 0..n {
         let addr = format!("10.{net}.{}.{}", i / 250, i % 250 + 1);
         let sim = SimHost::new(&addr, cpu, gib * 1024 * 1024);
-        let mut h = kpssh::sim::world::host_object(&e.w.ns(), &format!("{prefix}{i:03}"), class, &sim);
+        let mut h =
+            kpssh::sim::world::host_object(&e.w.ns(), &format!("{prefix}{i:03}"), class, &sim);
         let l = h.metadata.labels.get_or_insert_default();
         for (k, v) in labels {
             l.insert(k.to_string(), v.to_string());

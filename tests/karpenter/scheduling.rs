@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Namespace, Node, PodAffinity, PodAffinityTerm, PodAntiAffinity,
-    TopologySpreadConstraint,
+    Namespace, Node, PodAffinity, PodAffinityTerm, PodAntiAffinity, TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kpssh::api::NodeClaim;
@@ -41,7 +40,12 @@ pub fn app_pod(name: &str, app: &str, cpu: &str) -> Pod {
 }
 
 pub fn spread(p: &mut Pod, key: &str, skew: i32) {
-    let app = p.metadata.labels.as_ref().and_then(|l| l.get("app")).cloned();
+    let app = p
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("app"))
+        .cloned();
     let s = p.spec.as_mut().expect("spec");
     s.topology_spread_constraints
         .get_or_insert_default()
@@ -135,8 +139,7 @@ async fn s55_min_values_launches_only_with_enough_distinct_types() {
     assert!(told, "events: {:?}", reasons(&e));
     assert!(claims(&e).await.is_empty(), "no claim without 3 types");
     assert!(
-        warnings(&e, "FailedProvisioning")[0]
-            .contains(&format!("{INSTANCE_TYPE_LABEL} (2 of 3")),
+        warnings(&e, "FailedProvisioning")[0].contains(&format!("{INSTANCE_TYPE_LABEL} (2 of 3")),
         "{:?}",
         warnings(&e, "FailedProvisioning")
     );
@@ -156,7 +159,10 @@ async fn s55_min_values_launches_only_with_enough_distinct_types() {
     assert_eq!(it.values, ["small", "medium", "large"], "cheapest first");
     assert_eq!(it.min_values, Some(3));
     let labels = cs[0].metadata.labels.clone().unwrap_or_default();
-    assert_eq!(labels.get(INSTANCE_TYPE_LABEL).map(String::as_str), Some("small"));
+    assert_eq!(
+        labels.get(INSTANCE_TYPE_LABEL).map(String::as_str),
+        Some("small")
+    );
 }
 
 /// S55: `minValues` on a key the hosts label (zone): a class in one zone cannot give two.
@@ -218,7 +224,10 @@ async fn s55_requirements_narrow_label_and_annotate_the_node() {
     let cs: Vec<NodeClaim> = claims(&e).await;
     let labels = cs[0].metadata.labels.clone().unwrap_or_default();
     assert_eq!(labels.get("team").map(String::as_str), Some("b"));
-    assert_eq!(labels.get("example.com/tier").map(String::as_str), Some("0"));
+    assert_eq!(
+        labels.get("example.com/tier").map(String::as_str),
+        Some("0")
+    );
     assert_eq!(labels.get("example.com/gen").map(String::as_str), Some("4"));
     let team = cs[0]
         .spec
@@ -229,7 +238,10 @@ async fn s55_requirements_narrow_label_and_annotate_the_node() {
     assert_eq!(team.values, ["b"], "narrowed by the pod");
     let nodes: Vec<Node> = e.w.cluster.list(None, None).await.expect("nodes");
     let ann = nodes[0].metadata.annotations.clone().unwrap_or_default();
-    assert_eq!(ann.get("example.com/owner").map(String::as_str), Some("ops"));
+    assert_eq!(
+        ann.get("example.com/owner").map(String::as_str),
+        Some("ops")
+    );
     let nl = nodes[0].metadata.labels.clone().unwrap_or_default();
     assert_eq!(nl.get("team").map(String::as_str), Some("b"));
 }
@@ -241,7 +253,17 @@ async fn s55_requirements_narrow_label_and_annotate_the_node() {
 async fn s56_zone_spread_over_host_labels() {
     let e = env().await;
     for (i, z) in ["a", "b", "c"].iter().enumerate() {
-        hosts_labelled(&e, &format!("{z}-"), "small", 3, 4, 8, 60 + i as u8, &[(ZONE, z)]).await;
+        hosts_labelled(
+            &e,
+            &format!("{z}-"),
+            "small",
+            3,
+            4,
+            8,
+            60 + i as u8,
+            &[(ZONE, z)],
+        )
+        .await;
     }
     e.w.cluster.create(&nodepool("default")).await.expect("np");
     for i in 0..9 {
@@ -265,7 +287,10 @@ async fn s56_zone_spread_over_host_labels() {
     }
     assert_eq!(per_zone.len(), 3, "{per_zone:?}");
     let (min, max) = (per_zone.values().min(), per_zone.values().max());
-    assert!(max.zip(min).is_some_and(|(a, b)| a - b <= 1), "{per_zone:?}");
+    assert!(
+        max.zip(min).is_some_and(|(a, b)| a - b <= 1),
+        "{per_zone:?}"
+    );
     assert!(claims(&e).await.len() <= 3, "three nodes suffice");
 }
 
@@ -274,7 +299,17 @@ async fn s56_zone_spread_over_host_labels() {
 async fn s56_zone_anti_affinity_one_pod_per_zone() {
     let e = env().await;
     for (i, z) in ["a", "b", "c"].iter().enumerate() {
-        hosts_labelled(&e, &format!("{z}-"), "small", 2, 4, 8, 63 + i as u8, &[(ZONE, z)]).await;
+        hosts_labelled(
+            &e,
+            &format!("{z}-"),
+            "small",
+            2,
+            4,
+            8,
+            63 + i as u8,
+            &[(ZONE, z)],
+        )
+        .await;
     }
     e.w.cluster.create(&nodepool("default")).await.expect("np");
     for i in 0..4 {
@@ -306,10 +341,28 @@ async fn s56_zone_anti_affinity_one_pod_per_zone() {
 #[tokio::test(start_paused = true)]
 async fn s56_pod_affinity_namespace_selector_and_rack_spread() {
     let e = env().await;
-    hosts_labelled(&e, "a-", "small", 2, 4, 8, 66, &[(ZONE, "a"), ("example.com/rack", "r1")])
-        .await;
-    hosts_labelled(&e, "b-", "small", 2, 4, 8, 67, &[(ZONE, "b"), ("example.com/rack", "r2")])
-        .await;
+    hosts_labelled(
+        &e,
+        "a-",
+        "small",
+        2,
+        4,
+        8,
+        66,
+        &[(ZONE, "a"), ("example.com/rack", "r1")],
+    )
+    .await;
+    hosts_labelled(
+        &e,
+        "b-",
+        "small",
+        2,
+        4,
+        8,
+        67,
+        &[(ZONE, "b"), ("example.com/rack", "r2")],
+    )
+    .await;
     for (ns, team) in [("front", "x"), ("back", "y")] {
         let n = Namespace {
             metadata: kube::api::ObjectMeta {
@@ -366,10 +419,22 @@ async fn s56_pod_affinity_namespace_selector_and_rack_spread() {
     assert_eq!(zones.get("cache0").map(String::as_str), Some("b"));
     assert_eq!(zones.get("cache1").map(String::as_str), Some("b"));
     let racks = bound_to(&e, "example.com/rack").await;
-    assert_eq!(racks.get("cache0").map(String::as_str), Some("r2"), "{racks:?}");
-    assert_eq!(racks.get("cache1").map(String::as_str), Some("r2"), "{racks:?}");
+    assert_eq!(
+        racks.get("cache0").map(String::as_str),
+        Some("r2"),
+        "{racks:?}"
+    );
+    assert_eq!(
+        racks.get("cache1").map(String::as_str),
+        Some("r2"),
+        "{racks:?}"
+    );
     tokio::time::sleep(2 * MINUTE).await;
-    assert_eq!(running(&e).await, 3, "the third cache would skew the racks by 3");
+    assert_eq!(
+        running(&e).await,
+        3,
+        "the third cache would skew the racks by 3"
+    );
     assert!(
         warnings(&e, "FailedProvisioning")
             .iter()
@@ -386,13 +451,23 @@ async fn s56_volume_topology_pins_the_zone() {
     use k8s_openapi::api::core::v1::{
         NodeSelector, NodeSelectorRequirement as K8sReq, NodeSelectorTerm, PersistentVolume,
         PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
-        PersistentVolumeSpec, TopologySelectorLabelRequirement, TopologySelectorTerm,
-        Volume, VolumeNodeAffinity,
+        PersistentVolumeSpec, TopologySelectorLabelRequirement, TopologySelectorTerm, Volume,
+        VolumeNodeAffinity,
     };
     use k8s_openapi::api::storage::v1::StorageClass;
     let e = env().await;
     for (i, z) in ["a", "b", "c"].iter().enumerate() {
-        hosts_labelled(&e, &format!("{z}-"), "small", 1, 4, 8, 68 + i as u8, &[(ZONE, z)]).await;
+        hosts_labelled(
+            &e,
+            &format!("{z}-"),
+            "small",
+            1,
+            4,
+            8,
+            68 + i as u8,
+            &[(ZONE, z)],
+        )
+        .await;
     }
     e.w.cluster.create(&nodepool("default")).await.expect("np");
     let pv = PersistentVolume {
@@ -433,8 +508,10 @@ async fn s56_volume_topology_pins_the_zone() {
         ..Default::default()
     };
     e.w.cluster.create(&sc).await.expect("sc");
-    for (claim, volume, class) in [("data-c", Some("disk-c"), None), ("data-a", None, Some("zonal"))]
-    {
+    for (claim, volume, class) in [
+        ("data-c", Some("disk-c"), None),
+        ("data-a", None, Some("zonal")),
+    ] {
         let pvc = PersistentVolumeClaim {
             metadata: kube::api::ObjectMeta {
                 name: Some(claim.into()),

@@ -378,6 +378,11 @@ impl Requirements {
         self.0.contains_key(key)
     }
 
+    /// The requirement on `key`, if defined (no copy).
+    pub fn get_ref(&self, key: &str) -> Option<&Requirement> {
+        self.0.get(key)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Requirement> {
         self.0.values()
     }
@@ -389,7 +394,10 @@ impl Requirements {
 
     /// Back to node selector requirements (by key).
     pub fn to_node_selector(&self) -> Vec<NodeSelectorRequirement> {
-        self.0.values().flat_map(Requirement::to_node_selector).collect()
+        self.0
+            .values()
+            .flat_map(Requirement::to_node_selector)
+            .collect()
     }
 
     /// [`Requirements::compatible`] where keys for which `undefined_ok` holds may be undefined

@@ -19,17 +19,17 @@ use tokio::task::JoinHandle;
 use super::scheduling::PodInfo;
 use super::state::{ClusterState, Inner};
 use super::topology::{Mode, Topology};
-use crate::actors::router::requirements::Requirements;
-use k8s_openapi::api::core::v1::Taint;
 use super::{KarpenterConfig, KarpenterError, quantity};
 use crate::actors::Context;
 use crate::actors::router::instance_types::{InstanceType, instance_types};
+use crate::actors::router::requirements::Requirements;
 use crate::api::karpenter::{
     INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, NodeClaimSpec, NodeSelectorRequirement, ResourceRequests,
 };
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::{Cluster, EventRecord, EventType, ObjectRef};
 use crate::ssh::Transport;
+use k8s_openapi::api::core::v1::Taint;
 
 pub use pack::{NewClaim, PoolOffer};
 
@@ -63,6 +63,9 @@ pub struct Provisioner<C: Cluster, T: Transport> {
     told: BTreeSet<(String, String)>,
     /// The node affinity of the volumes pods mount (S56).
     volumes: volumes::VolumeTopology,
+    /// The NodeClaim each pending pod was last planned onto (pods no longer pending are
+    /// dropped each round).
+    planned: BTreeMap<(String, String), String>,
 }
 
 const POLL: Duration = Duration::from_millis(100);
@@ -75,6 +78,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             cfg,
             told: BTreeSet::new(),
             volumes: volumes::VolumeTopology::default(),
+            planned: BTreeMap::new(),
         }
     }
 
@@ -162,9 +166,13 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
         };
         let budgets = self.offering_budgets(&claims, &types);
         let usage = pack::pool_usage(&claims, &types);
-        let solver = solve::Solver::new(&offers, budgets, usage, topo, inflight);
+        let mut solver = solve::Solver::new(&offers, budgets, usage, topo, inflight);
+        let keys: BTreeSet<(String, String)> = supported.iter().map(PodInfo::key).collect();
+        self.planned.retain(|k, _| keys.contains(k));
+        solver.planned = std::mem::take(&mut self.planned);
         let outcome = solver.solve(&supported);
         report.absorbed = outcome.absorbed;
+        self.planned.extend(outcome.placed.iter().cloned());
         for (pod, why) in &outcome.unplaced {
             let why = if blocked.is_empty() {
                 why.clone()
@@ -180,6 +188,9 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                 .find(|p| p.metadata.name.as_deref() == Some(claim.pool.as_str()));
             let Some(pool) = pool else { continue };
             let created = self.create_claim(pool, &claim).await?;
+            for pod in &claim.pods {
+                self.planned.insert(pod.clone(), created.clone());
+            }
             report.created.push(created);
         }
         if !report.created.is_empty() {
@@ -475,7 +486,11 @@ pub fn count_cluster(
     for node in st.nodes.values() {
         let name = node.metadata.name.clone().unwrap_or_default();
         let labels = node.metadata.labels.clone().unwrap_or_default();
-        let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref()).unwrap_or(&NONE);
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .unwrap_or(&NONE);
         for key in &keys {
             let value = labels
                 .get(key)
@@ -491,7 +506,11 @@ pub fn count_cluster(
             continue;
         };
         let labels = node.metadata.labels.clone().unwrap_or_default();
-        let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref()).unwrap_or(&NONE);
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .unwrap_or(&NONE);
         let name = node.metadata.name.clone().unwrap_or_default();
         topo.count_existing(&PodInfo::new(p), &name, &labels, taints, namespaces);
     }

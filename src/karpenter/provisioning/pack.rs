@@ -8,9 +8,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
 use crate::actors::router::instance_types::{InstanceType, Offering};
-use crate::actors::router::requirements::{
-    Requirement, Requirements, WELL_KNOWN_LABELS,
-};
+use crate::actors::router::requirements::{Requirement, Requirements, WELL_KNOWN_LABELS};
 use crate::api::karpenter::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, NodeSelectorRequirement,
     OS_LABEL, UNREGISTERED_TAINT_KEY,
@@ -444,7 +442,13 @@ pub fn inflight_nodes(
                     // pods it was made for. What it asked for is a lower bound of its room.
                     _ => claimed_room(nc, types.get(ty.as_deref().unwrap_or_default())),
                 };
-                if listed.len() > 1 && nc.metadata.labels.as_ref().is_none_or(|l| !l.contains_key(INSTANCE_TYPE_LABEL)) {
+                if listed.len() > 1
+                    && nc
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .is_none_or(|l| !l.contains_key(INSTANCE_TYPE_LABEL))
+                {
                     // Which of its types it gets is not known yet.
                     labels.remove(INSTANCE_TYPE_LABEL);
                 }

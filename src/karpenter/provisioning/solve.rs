@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::pack::{Choice, NewClaim, PoolOffer, capacity_with_node, offering_ok, within};
 use crate::actors::router::requirements::{Requirement, Requirements};
 use crate::api::karpenter::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
-use crate::karpenter::scheduling::{HOSTNAME_KEY, HostPort, PodInfo, SimNode, fits_resources, shapes};
+use crate::karpenter::scheduling::{
+    HOSTNAME_KEY, HostPort, PodInfo, SimNode, fits_resources, shapes,
+};
 use crate::karpenter::topology::{NodeView, Topology};
 
 /// Free hosts per (instance type, offering index).
@@ -25,6 +27,8 @@ pub struct PackOutcome<'a> {
     pub claims: Vec<NewClaim>,
     /// Pods placed on in-flight nodes.
     pub absorbed: usize,
+    /// The in-flight node each absorbed pod was placed on.
+    pub placed: Vec<((String, String), String)>,
     pub unplaced: Vec<(&'a PodInfo, String)>,
 }
 
@@ -130,6 +134,10 @@ pub struct Solver<'a> {
     /// Skip nodes that refused a shape for good (off in the test that checks it changes
     /// nothing).
     pub skip: bool,
+    /// The in-flight node each pod was planned onto by an earlier round, by pod: tried first,
+    /// so that a round re-places a batch as it was planned (in-flight nodes come in name
+    /// order, which is not the order they were packed in).
+    pub planned: BTreeMap<(String, String), String>,
 }
 
 fn key_of(c: &Choice, o: usize) -> (String, usize) {
@@ -185,6 +193,7 @@ impl<'a> Solver<'a> {
             bins: vec![],
             next_host: 0,
             skip: true,
+            planned: BTreeMap::new(),
         }
     }
 
@@ -195,20 +204,41 @@ impl<'a> Solver<'a> {
         let n = shape.iter().max().map_or(0, |m| m + 1);
         let mut first_existing = vec![0usize; n];
         let mut first_bin = vec![0usize; n];
+        let by_name: BTreeMap<String, usize> = self
+            .existing
+            .iter()
+            .enumerate()
+            .map(|(e, x)| (x.node.name.clone(), e))
+            .collect();
         'pods: for (i, pod) in pods.iter().enumerate() {
             let s = shape[i];
             let alts = alternatives(pod);
+            // Where an earlier round planned it, first.
+            if let Some(&e) = self.planned.get(&pod.key()).and_then(|n| by_name.get(n))
+                && let Ok(reqs) = self.try_existing(e, i, pod, &alts)
+            {
+                self.topo
+                    .record(i, pod, &reqs, &self.existing[e].node.taints);
+                self.existing[e].node.add(pod);
+                out.absorbed += 1;
+                out.placed
+                    .push((pod.key(), self.existing[e].node.name.clone()));
+                continue 'pods;
+            }
             // In-flight nodes first.
             let mut prefix = true;
             for e in first_existing[s]..self.existing.len() {
                 match self.try_existing(e, i, pod, &alts) {
                     Ok(reqs) => {
-                        self.topo.record(i, pod, &reqs, &self.existing[e].node.taints);
+                        self.topo
+                            .record(i, pod, &reqs, &self.existing[e].node.taints);
                         self.existing[e].node.add(pod);
                         if prefix && self.skip {
                             first_existing[s] = e;
                         }
                         out.absorbed += 1;
+                        out.placed
+                            .push((pod.key(), self.existing[e].node.name.clone()));
                         continue 'pods;
                     }
                     Err(r) if r.permanent && prefix && self.skip => first_existing[s] = e + 1,
@@ -256,6 +286,9 @@ impl<'a> Solver<'a> {
         if self.topo.is_empty() {
             return Ok(ex.reqs.clone());
         }
+        if let Some(permanent) = self.topo.quick_reject(i, pod, &ex.reqs) {
+            return Err(refuse(Why::Topology("topology".into()), permanent));
+        }
         let mut last = refuse(Why::Incompatible, true);
         for pod_reqs in alts {
             match self
@@ -296,6 +329,9 @@ impl<'a> Solver<'a> {
             .any(|c| fits_resources(&pod.requests, &bin.used, &offer.choices[*c].avail))
         {
             return Err(refuse(Why::NoType, true));
+        }
+        if let Some(permanent) = self.topo.quick_reject(i, pod, &bin.reqs) {
+            return Err(refuse(Why::Topology("topology".into()), permanent));
         }
         let mut best: Option<Refusal> = None;
         for pod_reqs in alts {
@@ -478,14 +514,19 @@ impl<'a> Solver<'a> {
             }
             let mut reqs = offer.reqs.clone();
             reqs.add(Requirement::one_of(HOSTNAME_KEY, [hostname.clone()]));
-            self.topo
-                .register(HOSTNAME_KEY, &hostname, &NodeView::Planned(&reqs, &offer.taints));
+            self.topo.register(
+                HOSTNAME_KEY,
+                &hostname,
+                &NodeView::Planned(&reqs, &offer.taints),
+            );
             // Held: the cheapest free host of any type, for the moment.
             let mut held = None;
             for (ci, c) in offer.choices.iter().enumerate() {
-                if let Some(&o) = c.offerings.iter().find(|o| {
-                    self.budgets.get(&key_of(c, **o)).copied().unwrap_or(0) > 0
-                }) && held.is_none_or(|(p, _)| c.it.price < p)
+                if let Some(&o) = c
+                    .offerings
+                    .iter()
+                    .find(|o| self.budgets.get(&key_of(c, **o)).copied().unwrap_or(0) > 0)
+                    && held.is_none_or(|(p, _)| c.it.price < p)
                 {
                     held = Some((c.it.price, (ci, o)));
                 }
@@ -566,7 +607,8 @@ impl<'a> Solver<'a> {
         // Cheapest first, as core orders a NodeClaim's instance types.
         for r in requirements.iter_mut() {
             if r.key == INSTANCE_TYPE_LABEL && r.operator == "In" {
-                r.values.sort_by_key(|v| listed.iter().position(|c| c.it.name == *v));
+                r.values
+                    .sort_by_key(|v| listed.iter().position(|c| c.it.name == *v));
             }
         }
         NewClaim {
@@ -634,18 +676,15 @@ fn max_capacity(offer: &PoolOffer, options: &[usize]) -> BTreeMap<String, i128> 
     out
 }
 
-/// Pack `pods` (sorted largest first) into new nodes, with budgets per instance type (every
-/// offering of a type shares it: tests and callers without topology).
+/// Pack `pods` (sorted largest first) into new nodes, with free hosts per instance type (on
+/// its first offering), no in-flight nodes and no pods already running: for tests.
 pub fn pack<'a>(
     pods: &'a [PodInfo],
     offers: &'a [PoolOffer],
     budgets: BTreeMap<String, i64>,
     usage: BTreeMap<String, BTreeMap<String, i128>>,
 ) -> PackOutcome<'a> {
-    let budgets = budgets
-        .into_iter()
-        .map(|(t, n)| ((t, 0usize), n))
-        .collect();
+    let budgets = budgets.into_iter().map(|(t, n)| ((t, 0usize), n)).collect();
     let topo = Topology::new(
         crate::karpenter::topology::Mode::Provisioning,
         pods,
