@@ -372,7 +372,7 @@ fn node_labels(nc: &NodeClaim, host: &SSHHost, arch: String) -> BTreeMap<String,
     // (one of the types it lists, S55).
     let split = format!("{class}-{arch}");
     let asked = crate::karpenter::provisioning::claim_types(nc);
-    let ty = if asked.iter().any(|t| *t == split) {
+    let ty = if asked.contains(&split) {
         split
     } else {
         class.to_string()

@@ -177,6 +177,7 @@ impl Requirement {
     }
 
     /// How many values are allowed: `None` when unbounded (a complement).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> Option<usize> {
         (!self.complement).then_some(self.values.len())
     }
@@ -231,7 +232,12 @@ impl Requirement {
         }
         let mut out = vec![];
         if let Some(g) = self.gte {
-            out.push(req("Gt", vec![g.saturating_sub(1).to_string()]));
+            // Upstream's schema wants a non-negative bound: `Gt -1` is written `Gte 0`.
+            out.push(if g >= 1 {
+                req("Gt", vec![(g - 1).to_string()])
+            } else {
+                req("Gte", vec![g.max(0).to_string()])
+            });
         }
         if let Some(l) = self.lte {
             out.push(req("Lt", vec![l.saturating_add(1).to_string()]));
@@ -513,6 +519,50 @@ mod tests {
             "non-numeric never matches Gt"
         );
         assert!(!matches(&req("a", "Banana", &["x"]), &labels));
+    }
+
+    /// S55: core's `Any()` (a value to label a node with) and the way back to node selector
+    /// requirements, as a NodeClaim carries them.
+    #[test]
+    fn any_value_and_node_selector_form() {
+        let r = |k: &str, op: &str, v: &[&str]| {
+            Requirement::new(
+                k,
+                op,
+                &v.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                None,
+            )
+        };
+        assert_eq!(r("a", "In", &["y", "x"]).any().as_deref(), Some("x"));
+        assert_eq!(r("a", "Exists", &[]).any().as_deref(), Some("0"));
+        assert_eq!(r("a", "Gt", &["3"]).any().as_deref(), Some("4"));
+        assert_eq!(r("a", "NotIn", &["0", "1"]).any().as_deref(), Some("2"));
+        assert_eq!(
+            r("a", "Lt", &["0"]).any(),
+            None,
+            "no non-negative value below 0"
+        );
+        assert_eq!(r("a", "DoesNotExist", &[]).any(), None);
+        let both = r("a", "Gt", &["3"]).intersection(&r("a", "Lt", &["9"]));
+        let ns = both.to_node_selector();
+        assert_eq!(
+            ns.iter()
+                .map(|n| (n.operator.as_str(), n.values.clone()))
+                .collect::<Vec<_>>(),
+            [("Gt", vec!["3".to_string()]), ("Lt", vec!["9".to_string()])]
+        );
+        let ge0 = r("a", "Gte", &["0"]).to_node_selector();
+        assert_eq!(
+            (ge0[0].operator.as_str(), ge0[0].values.clone()),
+            ("Gte", vec!["0".to_string()])
+        );
+        assert!(r("a", "NotIn", &["x"]).allows_absent());
+        assert!(!r("a", "Exists", &[]).allows_absent());
+        assert!(!r("a", "Gt", &["1"]).allows_absent());
+        assert_eq!(
+            r("a", "In", &[]).to_node_selector()[0].operator,
+            "DoesNotExist"
+        );
     }
 
     /// Karpenter's Gte and Lte (admitted by upstream's CRDs) match as the bounds they are:

@@ -401,7 +401,9 @@ impl<'a> Solver<'a> {
         let mut no_host = false;
         let mut limited = false;
         let mut options = vec![];
-        let mut held: Option<((usize, usize), BTreeMap<String, i128>, f64)> = None;
+        // The cheapest option with a free host: (choice, offering), its charge, its price.
+        type Held = ((usize, usize), BTreeMap<String, i128>, f64);
+        let mut held: Option<Held> = None;
         let others = self.usage_without(bin);
         for &ci in &bin.options {
             let c = &offer.choices[ci];
