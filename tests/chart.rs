@@ -309,6 +309,9 @@ fn rbac_is_least_privilege() {
         set(&["get", "list", "watch", "create", "patch", "delete"])
     );
     assert_eq!(verbs_for("", "pods/eviction"), set(&["create"]));
+    // S56: volume topology and namespaceSelector, read only.
+    assert_eq!(verbs_for("storage.k8s.io", "storageclasses"), set(&["get"]));
+    assert_eq!(verbs_for("", "namespaces"), set(&["list"]));
     assert!(!verbs_for("", "pods").contains("create"));
     assert!(verbs_for("coordination.k8s.io", "leases").is_empty());
 
