@@ -555,3 +555,44 @@ async fn s56_volume_topology_pins_the_zone() {
     zones.sort();
     assert_eq!(zones, ["a", "c"]);
 }
+
+/// S56: a well-known topology key only hosts can give (region) is not invented: a NodePool
+/// requiring a region launches nothing until hosts in that region exist (a claim no host could
+/// take would be made and deleted again and again).
+#[tokio::test(start_paused = true)]
+async fn s56_a_region_requirement_waits_for_hosts_in_that_region() {
+    let e = env().await;
+    hosts(&e, "plain", "small", 1, 2, 4, 71).await;
+    let mut np = nodepool("default");
+    np.spec.template.spec.requirements =
+        vec![req("topology.kubernetes.io/region", "In", &["eu"], None)];
+    e.w.cluster.create(&np).await.expect("np");
+    e.w.cluster
+        .create(&pod("p", "1", "1Gi"))
+        .await
+        .expect("pod");
+    let told =
+        e.w.until(3 * MINUTE, || async {
+            reasons(&e).iter().any(|r| r == "FailedProvisioning")
+        })
+        .await;
+    assert!(told, "{:?}", reasons(&e));
+    assert!(claims(&e).await.is_empty(), "no claim without a host in eu");
+    hosts_labelled(
+        &e,
+        "eu-",
+        "small",
+        1,
+        2,
+        4,
+        72,
+        &[("topology.kubernetes.io/region", "eu")],
+    )
+    .await;
+    let ok =
+        e.w.until(5 * MINUTE, || async { running(&e).await == 1 })
+            .await;
+    assert!(ok, "runs on the eu host: {:?}", reasons(&e));
+    let regions = bound_to(&e, "topology.kubernetes.io/region").await;
+    assert_eq!(regions.get("p").map(String::as_str), Some("eu"));
+}

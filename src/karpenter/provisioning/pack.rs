@@ -56,6 +56,14 @@ pub struct PoolOffer {
     pub host_keys: BTreeSet<String>,
 }
 
+/// Well-known keys only hosts can give a node (their value is never resolved from
+/// requirements).
+const HOST_ONLY_KEYS: [&str; 3] = [
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "node.kubernetes.io/windows-build",
+];
+
 /// The template's labels (requirements are resolved per NodeClaim: [`resolve_labels`]).
 pub fn template_labels(pool: &NodePool) -> BTreeMap<String, String> {
     pool.spec.template.metadata.labels().clone()
@@ -148,9 +156,12 @@ impl PoolOffer {
         for (k, v) in &base {
             reqs.add(Requirement::one_of(k, [v.clone()]));
         }
+        // The hosts' label keys, and the well-known topology keys a class has no value for
+        // unless its hosts give one (a node without them satisfies only what allows absence).
         let host_keys: BTreeSet<String> = types
             .iter()
             .flat_map(|it| it.offerings.iter().flat_map(|o| o.labels.keys().cloned()))
+            .chain(HOST_ONLY_KEYS.iter().map(|k| k.to_string()))
             .collect();
         base.extend(resolve_labels(&reqs, &host_keys, &base));
         let ds_pods: Vec<PodInfo> = daemonsets
