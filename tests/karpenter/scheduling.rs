@@ -596,3 +596,34 @@ async fn s56_a_region_requirement_waits_for_hosts_in_that_region() {
     let regions = bound_to(&e, "topology.kubernetes.io/region").await;
     assert_eq!(regions.get("p").map(String::as_str), Some("eu"));
 }
+
+/// Host ports in provisioning: two pods binding one host port get two nodes, though one host
+/// would hold both.
+#[tokio::test(start_paused = true)]
+async fn s56_host_ports_split_pods_across_new_nodes() {
+    use k8s_openapi::api::core::v1::ContainerPort;
+    let e = env().await;
+    hosts(&e, "h", "big", 3, 8, 16, 73).await;
+    e.w.cluster.create(&nodepool("default")).await.expect("np");
+    for i in 0..2 {
+        let mut p = app_pod(&format!("proxy{i}"), "proxy", "500m");
+        let c = &mut p.spec.as_mut().expect("spec").containers[0];
+        c.ports = Some(vec![ContainerPort {
+            container_port: 8080,
+            host_port: Some(8080),
+            ..Default::default()
+        }]);
+        e.w.cluster.create(&p).await.expect("pod");
+    }
+    let ok =
+        e.w.until(5 * MINUTE, || async { running(&e).await == 2 })
+            .await;
+    assert!(ok, "{:?}", reasons(&e));
+    assert_eq!(claims(&e).await.len(), 2, "one node per host port user");
+    let nodes: Vec<Option<String>> = pods(&e)
+        .await
+        .iter()
+        .map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .collect();
+    assert_ne!(nodes[0], nodes[1], "{nodes:?}");
+}
