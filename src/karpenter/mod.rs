@@ -73,6 +73,10 @@ pub struct KarpenterConfig {
     /// First retry after an eviction refused by a PDB; doubles up to `eviction_backoff_max`.
     pub eviction_backoff: Duration,
     pub eviction_backoff_max: Duration,
+    /// Multi-node consolidation (S57): several under-utilised nodes deleted, or replaced by
+    /// one cheaper node, in one decision, before single-node consolidation (core's order). On
+    /// by default, as in core; off leaves single-node consolidation only.
+    pub multi_node_consolidation: bool,
 }
 
 impl Default for KarpenterConfig {
@@ -89,6 +93,7 @@ impl Default for KarpenterConfig {
             disruption_interval: Duration::from_secs(10),
             eviction_backoff: Duration::from_secs(1),
             eviction_backoff_max: Duration::from_secs(30),
+            multi_node_consolidation: true,
         }
     }
 }

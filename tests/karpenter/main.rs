@@ -13,6 +13,7 @@ mod grace;
 mod hash;
 mod lifecycle;
 mod metrics;
+mod multinode;
 mod node_deletion;
 mod provisioning;
 mod repair;

@@ -274,7 +274,7 @@ fn cordoned(node: &Node) -> bool {
 
 /// Put the disrupted taint on `node` (a compare-and-swap on the Node as the API has it now).
 /// False when the Node is gone or changed meanwhile.
-async fn cordon<C: Cluster, T: Transport>(
+pub(super) async fn cordon<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     node: &str,
 ) -> Result<bool, KarpenterError> {

@@ -11,14 +11,15 @@
 //! One module per concern: [`candidates`] (who could be disrupted, and why), [`blockers`]
 //! (do-not-disrupt, PodDisruptionBudgets), [`consolidation`] (the room on other nodes),
 //! [`volumes`] (where a pod's volumes let it go), [`replacement`] and [`exchange`] (a
-//! replacement node first), [`validation`] (the check just before acting), [`expiration`] and
-//! [`repair`].
+//! replacement node first), [`multinode`] (several nodes at once, S57), [`validation`] (the
+//! check just before acting), [`expiration`] and [`repair`].
 
 mod blockers;
 mod candidates;
 mod consolidation;
 mod exchange;
 mod expiration;
+mod multinode;
 pub mod repair;
 pub mod replacement;
 mod validation;
@@ -184,7 +185,7 @@ impl Disrupter {
         let mut round = Round::default();
         for pool in pools {
             done.extend(
-                self.disrupt_pool(ctx, state, &pool, now, &mut round)
+                self.disrupt_pool(ctx, state, &pool, now, &mut round, cfg)
                     .await?,
             );
         }
@@ -239,6 +240,7 @@ impl Disrupter {
         pool: &NodePool,
         now: Timestamp,
         round: &mut Round,
+        cfg: &KarpenterConfig,
     ) -> Result<Vec<(String, Reason)>, KarpenterError> {
         let class_name = &pool.spec.template.spec.node_class_ref.name;
         let class = ctx.cluster.get::<SSHNodeClass>(None, class_name).await?;
@@ -270,7 +272,37 @@ impl Disrupter {
         let mut underutilized_done = false;
         // Priced once per round, at the first candidate that could only be replaced.
         let mut replacer: Option<Option<replacement::Replacer>> = None;
-        for c in candidates {
+        let mut multi_tried = !cfg.multi_node_consolidation;
+        for (i, c) in candidates.iter().enumerate() {
+            // S57: before single-node consolidation, the pool's under-utilised candidates
+            // together (core runs multi-node consolidation before single-node).
+            if c.reason == Reason::Underutilized && !multi_tried {
+                multi_tried = true;
+                let rest: Vec<&candidates::Candidate> = candidates[i..]
+                    .iter()
+                    .filter(|c| c.reason == Reason::Underutilized)
+                    .collect();
+                let left = budgets::allowed(pool, "Underutilized", total, now) - disrupting;
+                let out = multinode::consolidate(
+                    self,
+                    ctx,
+                    state,
+                    pool,
+                    class.as_ref(),
+                    &rest,
+                    &pending,
+                    left,
+                    round,
+                    &mut replacer,
+                )
+                .await?;
+                if out.acted() > 0 {
+                    disrupting += out.acted() as i64;
+                    underutilized_done = true;
+                    done.extend(out.marked);
+                    continue;
+                }
+            }
             let budget_reason = match c.reason {
                 Reason::Expired | Reason::Drifted => "Drifted",
                 Reason::Empty => "Empty",
@@ -302,7 +334,7 @@ impl Disrupter {
                 // drifted node), or the node stays.
                 let started = match &class {
                     Some(class) => {
-                        exchange::start(ctx, state, pool, class, &c, &moving, &mut replacer).await?
+                        exchange::start(ctx, state, pool, class, c, &moving, &mut replacer).await?
                     }
                     None => exchange::Started::NoRoom,
                 };
