@@ -6,12 +6,14 @@
 //! tokio task that reads [`state::ClusterState`] and writes through the `Cluster` port.
 
 pub mod budgets;
+pub mod cron;
 pub mod disruption;
 pub mod hash_sync;
 pub mod lifecycle;
 pub mod nodepool_hash;
 pub mod nodepool_status;
 pub mod nodepool_validation;
+pub mod pod_events;
 pub mod pods;
 pub mod provisioning;
 pub mod quantity;
@@ -164,6 +166,11 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
         config.clone(),
     ));
     tasks.push(nodepool_status::spawn(
+        ctx.clone(),
+        state.clone(),
+        config.clone(),
+    ));
+    tasks.push(pod_events::spawn(
         ctx.clone(),
         state.clone(),
         config.clone(),

@@ -5,6 +5,7 @@ mod acceptance;
 mod adopt;
 mod consolidation;
 mod disruption;
+mod disruption_controls;
 mod drain_order;
 mod exchange;
 mod expiration;
