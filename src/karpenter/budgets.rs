@@ -56,7 +56,10 @@ pub fn allowed_or_error(
         // As core: every budget is read (an unreadable one fails the pool, whatever its
         // reasons), the applicable ones bound the result.
         let value = budget_value(b, total, now).map_err(|e| format!("budgets[{i}]: {e}"))?;
-        if b.reasons.as_ref().is_none_or(|rs| rs.iter().any(|r| r == reason)) {
+        if b.reasons
+            .as_ref()
+            .is_none_or(|rs| rs.iter().any(|r| r == reason))
+        {
             min = min.min(value);
         }
     }
@@ -153,7 +156,12 @@ mod tests {
         p
     }
 
-    fn b(nodes: &str, reasons: Option<Vec<&str>>, sched: Option<&str>, dur: Option<&str>) -> Budget {
+    fn b(
+        nodes: &str,
+        reasons: Option<Vec<&str>>,
+        sched: Option<&str>,
+        dur: Option<&str>,
+    ) -> Budget {
         Budget {
             nodes: nodes.into(),
             reasons: reasons.map(|r| r.into_iter().map(str::to_string).collect()),
@@ -190,7 +198,12 @@ mod tests {
         let now: Timestamp = "2026-01-05T09:30:00Z".parse().expect("ts");
         for bad in [
             b("5", Some(vec!["Drifted"]), Some("0 9 * * 7"), Some("1h")),
-            b("5", Some(vec!["Drifted"]), Some("not a schedule"), Some("1h")),
+            b(
+                "5",
+                Some(vec!["Drifted"]),
+                Some("not a schedule"),
+                Some("1h"),
+            ),
             b("5", Some(vec!["Drifted"]), None, Some("1h")),
             b("five", Some(vec!["Drifted"]), None, None),
         ] {

@@ -134,13 +134,21 @@ fn range(expr: &str, r: &Bounds) -> Result<u64, String> {
         _ => return Err(format!("too many slashes: {expr}")),
     };
     if start < r.min {
-        return Err(format!("beginning of range ({start}) below minimum ({}): {expr}", r.min));
+        return Err(format!(
+            "beginning of range ({start}) below minimum ({}): {expr}",
+            r.min
+        ));
     }
     if end > r.max {
-        return Err(format!("end of range ({end}) above maximum ({}): {expr}", r.max));
+        return Err(format!(
+            "end of range ({end}) above maximum ({}): {expr}",
+            r.max
+        ));
     }
     if start > end {
-        return Err(format!("beginning of range ({start}) beyond end of range ({end}): {expr}"));
+        return Err(format!(
+            "beginning of range ({start}) beyond end of range ({end}): {expr}"
+        ));
     }
     if step == 0 {
         return Err(format!("step of range should be a positive number: {expr}"));

@@ -10,6 +10,7 @@ pub mod cron;
 pub mod disruption;
 pub mod hash_sync;
 pub mod lifecycle;
+pub mod metrics;
 pub mod nodepool_hash;
 pub mod nodepool_status;
 pub mod nodepool_validation;
@@ -143,6 +144,7 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
     config: KarpenterConfig,
 ) -> Result<KarpenterHandles, KarpenterError> {
     let state = state::ClusterState::new(ctx.clock.clone());
+    ctx.metrics.core.watch_state(state.clone());
     let mut tasks = state.start(&ctx.cluster);
     // Wait for the first list of every kind so no controller acts on a partial view.
     while !state.read().synced() {

@@ -24,10 +24,9 @@ async fn s57_multi_node_consolidation_deletes_several_nodes_in_one_decision() {
     }
     assert_eq!(claims(&e).await.len(), 4);
     drop_fillers(&e).await;
-    let one = e
-        .w
-        .until(5 * MINUTE, || async { !terminating(&e).is_empty() })
-        .await;
+    let one =
+        e.w.until(5 * MINUTE, || async { !terminating(&e).is_empty() })
+            .await;
     assert!(one, "consolidated: {:?}", reasons(&e));
     let t = terminating(&e);
     assert_eq!(t.len(), 3, "three nodes in the first decision: {t:?}");
@@ -58,10 +57,9 @@ async fn s57_single_node_only_takes_one_node_per_decision() {
         on_new_node(&e, vec![app(tag, "1")], "6500m", tag).await;
     }
     drop_fillers(&e).await;
-    let one = e
-        .w
-        .until(5 * MINUTE, || async { !terminating(&e).is_empty() })
-        .await;
+    let one =
+        e.w.until(5 * MINUTE, || async { !terminating(&e).is_empty() })
+            .await;
     assert!(one, "consolidated: {:?}", reasons(&e));
     assert_eq!(terminating(&e).len(), 1, "{:?}", terminating(&e));
 }
@@ -90,9 +88,13 @@ async fn two_into_one(multi: bool, net: u8) -> (usize, Vec<String>) {
     })
     .await;
     hosts(&e, "b", "big", 2, 4, 8, net).await;
-    e.w.add_host("m000", "mid", SimHost::new(&format!("10.{net}.9.1"), 7, 8 * 1024 * 1024))
-        .await
-        .expect("host");
+    e.w.add_host(
+        "m000",
+        "mid",
+        SimHost::new(&format!("10.{net}.9.1"), 7, 8 * 1024 * 1024),
+    )
+    .await
+    .expect("host");
     wait_available(&e, 3).await;
     e.w.cluster.create(&pool("100%")).await.expect("np");
     alone(&e, "x", "3").await;
@@ -100,7 +102,13 @@ async fn two_into_one(multi: bool, net: u8) -> (usize, Vec<String>) {
     let types: Vec<String> = claims(&e)
         .await
         .iter()
-        .filter_map(|nc| nc.metadata.labels.as_ref()?.get("node.kubernetes.io/instance-type").cloned())
+        .filter_map(|nc| {
+            nc.metadata
+                .labels
+                .as_ref()?
+                .get("node.kubernetes.io/instance-type")
+                .cloned()
+        })
         .collect();
     assert_eq!(types, ["big", "big"], "one big node each");
     tokio::time::sleep(15 * MINUTE).await;
@@ -111,7 +119,13 @@ async fn two_into_one(multi: bool, net: u8) -> (usize, Vec<String>) {
     let types = claims(&e)
         .await
         .iter()
-        .filter_map(|nc| nc.metadata.labels.as_ref()?.get("node.kubernetes.io/instance-type").cloned())
+        .filter_map(|nc| {
+            nc.metadata
+                .labels
+                .as_ref()?
+                .get("node.kubernetes.io/instance-type")
+                .cloned()
+        })
         .collect();
     (claims(&e).await.len(), types)
 }

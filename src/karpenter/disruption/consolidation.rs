@@ -281,10 +281,7 @@ impl Elsewhere {
             .iter()
             .filter_map(|n| self.by_name.get(*n).copied())
             .collect();
-        let mut is_own = vec![false; self.nodes.len()];
-        for &i in &own {
-            is_own[i] = true;
-        }
+        let is_own: std::collections::HashSet<usize> = own.iter().copied().collect();
         let mut all: Vec<PodInfo>;
         let pods = if own.iter().any(|&i| !self.reserved[i].is_empty()) {
             all = moving
@@ -314,7 +311,7 @@ impl Elsewhere {
                     }
                     continue;
                 }
-                if !is_own[i] && taken.get(&i).is_none_or(|t| t.fits(p)) {
+                if !is_own.contains(&i) && taken.get(&i).is_none_or(|t| t.fits(p)) {
                     found = Some(i);
                     break;
                 }

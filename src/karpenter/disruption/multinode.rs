@@ -209,13 +209,17 @@ pub(super) async fn consolidate<C: Cluster, T: Transport>(
         }
     }
     let mut fresh = Elsewhere::new(&state.read());
-    let still = compute(&mut fresh, r, chosen).is_some_and(|again| match (&cmd.action, &again.action) {
-        (Action::Delete, Action::Delete) => true,
-        (Action::Replace(a), Action::Replace(b)) => a.instance_type == b.instance_type,
-        _ => false,
-    });
+    let still =
+        compute(&mut fresh, r, chosen).is_some_and(|again| match (&cmd.action, &again.action) {
+            (Action::Delete, Action::Delete) => true,
+            (Action::Replace(a), Action::Replace(b)) => a.instance_type == b.instance_type,
+            _ => false,
+        });
     if !still {
-        tracing::debug!(nodes = cmd.len, "multi-node consolidation abandoned: the cluster changed");
+        tracing::debug!(
+            nodes = cmd.len,
+            "multi-node consolidation abandoned: the cluster changed"
+        );
         return Ok(Outcome::default());
     }
     tracing::info!(
@@ -231,7 +235,16 @@ pub(super) async fn consolidate<C: Cluster, T: Transport>(
             let detail = format!("multi-node consolidation of {} nodes", cmd.len);
             for e in chosen {
                 let c = e.candidate;
-                if mark(ctx, state, &c.claim, &c.node, Reason::Underutilized, Some(&detail)).await? {
+                if mark(
+                    ctx,
+                    state,
+                    &c.claim,
+                    &c.node,
+                    Reason::Underutilized,
+                    Some(&detail),
+                )
+                .await?
+                {
                     let name = c.claim.metadata.name.clone().unwrap_or_default();
                     out.marked.push((name, Reason::Underutilized));
                 }
@@ -280,7 +293,13 @@ async fn replace<C: Cluster, T: Transport>(
     };
     let mut out = Outcome::default();
     for e in chosen {
-        let name = e.candidate.claim.metadata.name.as_deref().unwrap_or_default();
+        let name = e
+            .candidate
+            .claim
+            .metadata
+            .name
+            .as_deref()
+            .unwrap_or_default();
         if kept.iter().any(|k| k == name) {
             round.elsewhere(state).forget(&e.node);
             out.replaced += 1;
@@ -373,7 +392,10 @@ mod tests {
         let es = entries(&st, &cs);
         let mut view = Elsewhere::new(&st);
         assert!(search(&mut view, None, &es[..1]).is_none(), "one candidate");
-        assert!(search(&mut view, None, &es).is_none(), "3-cpu pods fit nowhere");
+        assert!(
+            search(&mut view, None, &es).is_none(),
+            "3-cpu pods fit nowhere"
+        );
         let roomy = state(
             &[("a", "8"), ("b", "8"), ("c", "8")],
             vec![pod("pa", "1", Some("a")), pod("pb", "1", Some("b"))],

@@ -284,17 +284,14 @@ pub async fn launch_for<C: Cluster, T: Transport>(
     let created = ctx.cluster.create(&claim).await?;
     let name = created.metadata.name.clone().unwrap_or_default();
     state.observe_claim(created.clone());
+    ctx.metrics.core.created(&why.to_lowercase(), &pool_name);
     let mut kept = vec![];
     for (old, old_name) in olds.iter().zip(&old_names) {
         let patch = json!({"metadata": {
             "resourceVersion": old.metadata.resource_version,
             "annotations": {REPLACED_BY_ANNOTATION: name, REPLACEMENT_REASON_ANNOTATION: why},
         }});
-        match ctx
-            .cluster
-            .patch::<NodeClaim>(None, old_name, &patch)
-            .await
-        {
+        match ctx.cluster.patch::<NodeClaim>(None, old_name, &patch).await {
             // Seen at once, so that no later round takes the old claim's cordon for a stale one.
             Ok(nc) => {
                 state.observe_claim(nc);
