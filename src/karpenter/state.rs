@@ -40,7 +40,8 @@ pub struct Inner {
     pub pods: BTreeMap<NsKey, Pod>,
     pub daemonsets: BTreeMap<NsKey, DaemonSet>,
     pub pdbs: BTreeMap<NsKey, PodDisruptionBudget>,
-    /// When a pod was last bound to or removed from each node (consolidateAfter's clock).
+    /// When a pod was last bound to or removed from each node (consolidateAfter's clock),
+    /// persisted in NodeClaim status.lastPodEventTime by [`super::pod_events`].
     pub pod_events: BTreeMap<String, Timestamp>,
     /// Bumped whenever the set of unschedulable pending pods changes (the batcher's signal).
     pub pending_seq: u64,
@@ -180,6 +181,11 @@ impl ClusterState {
             changed: Arc::new(Notify::new()),
             clock,
         }
+    }
+
+    /// The state's clock's now.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, Inner> {
@@ -594,9 +600,16 @@ fn apply_pod(st: &mut Inner, c: Change<Pod>, now: Timestamp) {
     match &c {
         Change::Reset(all) => {
             pending_changed = true;
-            for p in all {
-                if let Some(n) = pods::node_name(p) {
-                    st.pod_events.insert(n.to_string(), now);
+            // S59: a (re)list is not a pod event: a restart must not restart consolidateAfter.
+            // The bound pods' binding times are (core's podevents controller takes them too);
+            // the events persisted in NodeClaim status.lastPodEventTime cover the rest.
+            for p in all
+                .iter()
+                .filter(|p| pods::counts_on_node(p) && !pods::is_daemonset_pod(p))
+            {
+                if let (Some(n), Some(at)) = (pods::node_name(p), pods::scheduled_at(p)) {
+                    let e = st.pod_events.entry(n.to_string()).or_insert(at);
+                    *e = (*e).max(at);
                 }
             }
         }
@@ -607,7 +620,9 @@ fn apply_pod(st: &mut Inner, c: Change<Pod>, now: Timestamp) {
             pending_changed = is_pending || was_pending != is_pending;
             let old_node = old.and_then(pods::node_name).map(str::to_string);
             let old_live = old.is_some_and(pods::counts_on_node);
+            // DaemonSet pods are no pod events (core's podevents controller skips them).
             if let Some(n) = pods::node_name(p)
+                && !pods::is_daemonset_pod(p)
                 && (old_node.as_deref() != Some(n) || old_live != pods::counts_on_node(p))
             {
                 st.pod_events.insert(n.to_string(), now);
@@ -615,7 +630,7 @@ fn apply_pod(st: &mut Inner, c: Change<Pod>, now: Timestamp) {
         }
         Change::Delete(p) => {
             pending_changed = pods::is_provisionable(p);
-            if let Some(n) = pods::node_name(p) {
+            if let Some(n) = pods::node_name(p).filter(|_| !pods::is_daemonset_pod(p)) {
                 st.pod_events.insert(n.to_string(), now);
             }
         }

@@ -326,6 +326,7 @@ async fn terminate<C: Cluster, T: Transport>(
     // The host deleted the Node after a successful leave; after a failed one it keeps it until
     // the kubelet is seen stopped. Either way the NodeClaim may go now.
     finalizers::set(&state.ctx.cluster, nc, TERMINATION_FINALIZER, false).await?;
+    state.ctx.metrics.core.terminated(nc);
     Ok(())
 }
 

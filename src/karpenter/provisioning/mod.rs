@@ -2,6 +2,7 @@
 //! the cheapest fitting host classes of the NodePools that can take them.
 
 pub mod batch;
+pub mod nominate;
 pub mod pack;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,6 +57,8 @@ pub struct Provisioner<C: Cluster, T: Transport> {
     cfg: KarpenterConfig,
     /// Events already sent, by pod UID and reason (one event per pod and reason).
     told: BTreeSet<(String, String)>,
+    /// S59: core's Nominated events.
+    nominator: nominate::Nominator,
 }
 
 const POLL: Duration = Duration::from_millis(100);
@@ -67,6 +70,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             state,
             cfg,
             told: BTreeSet::new(),
+            nominator: nominate::Nominator::default(),
         }
     }
 
@@ -318,6 +322,18 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                         msg,
                     )
                     .await;
+                    self.ctx.metrics.core.created("provisioned", &pool_name);
+                    let state = self.state.clone();
+                    let uid_of = |k: &(String, String)| {
+                        state
+                            .read()
+                            .pods
+                            .get(k)
+                            .and_then(|p| p.metadata.uid.clone())
+                    };
+                    self.nominator
+                        .nominate(&self.ctx, &name, &claim.pods, uid_of)
+                        .await;
                     return Ok(name);
                 }
                 Err(crate::k8s::ClusterError::AlreadyExists { .. }) => continue,
