@@ -224,7 +224,7 @@ pub fn sign_document(
 /// namespace, SHA-1 RSA or a corrupted signature before it lands in the profile.
 fn check_own_signature(armored: &str, message: &[u8]) -> anyhow::Result<(String, String)> {
     let sig = sshsig::parse_armored(armored)?;
-    let key = ssh_key::PublicKey::from(sig.public_key().clone());
+    let key = russh::keys::ssh_key::PublicKey::from(sig.public_key().clone());
     let line = key.to_openssh().context("encoding the signer key")?;
     let trusted = sshsig::TrustedSigners::parse(&[line])?;
     let who = trusted.verify(armored, message)?;
