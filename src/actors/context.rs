@@ -105,36 +105,37 @@ impl<C: Cluster, T: Transport> Context<C, T> {
 /// present here is taken as live; an absent one is confirmed against the API. A view that
 /// lags behind a deletion costs one probe interval at most, and not even that, as the
 /// router's handling of the deletion sends the holder a probe right after updating it.
+///
+/// A `DashSet`: every host actor reads it on each probe while the router writes it, and its
+/// sharded locks keep ten thousand readers from queueing behind one lock (or a writer).
 #[derive(Clone, Default)]
 pub struct ClaimView {
-    uids: Arc<RwLock<HashSet<String>>>,
+    uids: Arc<dashmap::DashSet<String>>,
 }
 
 impl ClaimView {
     pub fn insert(&self, uid: &str) {
-        let mut uids = self.uids.write().unwrap_or_else(|p| p.into_inner());
-        if !uids.contains(uid) {
-            uids.insert(uid.to_string());
+        if !self.uids.contains(uid) {
+            self.uids.insert(uid.to_string());
         }
     }
 
     pub fn remove(&self, uid: &str) {
-        self.uids
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+        self.uids.remove(uid);
     }
 
+    /// The set after a relist: UIDs in both stay put (a reader never misses one), the ones
+    /// gone are removed and the new ones added.
     pub fn replace_all<'a>(&self, uids: impl IntoIterator<Item = &'a str>) {
-        *self.uids.write().unwrap_or_else(|p| p.into_inner()) =
-            uids.into_iter().map(str::to_string).collect();
+        let keep: HashSet<&str> = uids.into_iter().collect();
+        self.uids.retain(|u| keep.contains(u.as_str()));
+        for u in keep {
+            self.insert(u);
+        }
     }
 
     pub fn contains(&self, uid: &str) -> bool {
-        self.uids
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(uid)
+        self.uids.contains(uid)
     }
 }
 

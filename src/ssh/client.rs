@@ -60,14 +60,7 @@ pub struct TransportConfig {
     pub stderr_cap: usize,
     /// After the exit status arrives, how long to wait for remaining output / EOF.
     pub exit_grace: Duration,
-    /// Fleet-wide bound on new SSH connections (shared between transports through the `Arc`);
-    /// reused connections do not count. `None`: unlimited.
-    pub dial_limiter: Option<Arc<DialLimiter>>,
 }
-
-/// Rate limiter for new connections, e.g.
-/// `DialLimiter::direct(governor::Quota::per_second(NonZeroU32::new(50).unwrap()))`.
-pub type DialLimiter = governor::DefaultDirectRateLimiter;
 
 impl Default for TransportConfig {
     fn default() -> Self {
@@ -81,7 +74,6 @@ impl Default for TransportConfig {
             stdout_cap: 1 << 20,
             stderr_cap: 1 << 20,
             exit_grace: Duration::from_millis(500),
-            dial_limiter: None,
         }
     }
 }
@@ -353,9 +345,6 @@ impl RusshTransport {
     {
         Box::pin(async move {
             let host = target.host.as_str();
-            if let Some(limiter) = &self.config.dial_limiter {
-                limiter.until_ready().await;
-            }
             let seen = Arc::new(Mutex::new(None));
             let handler = Client {
                 address: target.address.clone(),

@@ -447,14 +447,8 @@ pub async fn cluster_endpoint<C: Cluster>(
         .and_then(|c| c.data)
         .and_then(|d| d.get("kubeconfig").cloned())
         .ok_or_else(missing)?;
-    let parsed: serde_yaml::Value = serde_yaml::from_str(&kubeconfig).map_err(|_| missing())?;
-    let entry = &parsed["clusters"][0]["cluster"];
-    let server = entry["server"].as_str().ok_or_else(missing)?.to_string();
-    let ca = entry["certificate-authority-data"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    Ok((server, ca))
+    let endpoint = crate::k8s::cluster_info::endpoint(&kubeconfig).map_err(|_| missing())?;
+    Ok((endpoint.server, endpoint.ca_data))
 }
 
 /// The bootstrap token for this launch, recorded in status **before** its Secret is created, so
