@@ -9,6 +9,7 @@ pub mod budgets;
 pub mod disruption;
 pub mod hash_sync;
 pub mod lifecycle;
+pub mod nodepool_counter;
 pub mod nodepool_hash;
 pub mod nodepool_status;
 pub mod nodepool_validation;

@@ -16,6 +16,7 @@ mod metrics;
 mod node_deletion;
 mod provisioning;
 mod repair;
+mod status;
 mod termination;
 
 use std::collections::BTreeMap;
