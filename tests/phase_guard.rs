@@ -124,7 +124,7 @@ impl VerifiedHost {
             Expires::from_timestamp(jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1))
                 .expect("expires");
         let manifest = manifest_v2(phase, &profile, script.as_bytes(), &expires);
-        let sig = ssh_keygen_sign(&self.signer, manifest.as_bytes());
+        let sig = self.signer.sign("kpssh", manifest.as_bytes());
         let trusted = TrustedSigners::parse(&[self.signer.public.as_str()]).expect("trusted");
         let mut params = Params::new();
         params
@@ -157,26 +157,6 @@ impl Drop for VerifiedHost {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn ssh_keygen_sign(key: &KeyPair, msg: &[u8]) -> String {
-    let mut child = Command::new("ssh-keygen")
-        .args(["-Y", "sign", "-n", "kpssh", "-f"])
-        .arg(&key.private_path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ssh-keygen");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(msg)
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "sign: {out:?}");
-    String::from_utf8(out.stdout).expect("utf8")
 }
 
 fn stderr(out: &CommandOutput) -> String {

@@ -172,26 +172,6 @@ impl GoHost {
     }
 }
 
-fn sign(key: &KeyPair, namespace: &str, msg: &[u8]) -> String {
-    let mut child = Command::new(sshd::SSH_KEYGEN)
-        .args(["-Y", "sign", "-n", namespace, "-f"])
-        .arg(&key.private_path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ssh-keygen");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(msg)
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "sign: {out:?}");
-    String::from_utf8(out.stdout).expect("utf8")
-}
-
 fn script(phase: Phase) -> String {
     SCRIPT.replace("\"$1\"", phase.as_str())
 }
@@ -257,7 +237,7 @@ async fn s62_go_layout_host_probes_joins_and_leaves_through_sudo() {
     for phase in [Phase::Join, Phase::Leave] {
         let s = script(phase);
         let sigs = PhaseSignatures {
-            v1: Some(sign(&host.signer, "kpssh", s.as_bytes())),
+            v1: Some(host.signer.sign("kpssh", s.as_bytes())),
             v2: None,
         };
         let run = prepare(
@@ -280,7 +260,7 @@ async fn s62_go_layout_host_probes_joins_and_leaves_through_sudo() {
     std::fs::remove_file(host.layout.dir.join("etc-kpssh/shim.options")).expect("rm options");
     let s = script(Phase::Join);
     let v1 = PhaseSignatures {
-        v1: Some(sign(&host.signer, "kpssh", s.as_bytes())),
+        v1: Some(host.signer.sign("kpssh", s.as_bytes())),
         v2: None,
     };
     let run = prepare(
@@ -309,7 +289,7 @@ async fn s62_go_layout_host_probes_joins_and_leaves_through_sudo() {
         v1: None,
         v2: Some((
             expires.to_string(),
-            sign(&host.signer, "kpssh", manifest.as_bytes()),
+            host.signer.sign("kpssh", manifest.as_bytes()),
         )),
     };
     let run = prepare(
@@ -347,7 +327,7 @@ async fn s62_the_go_controllers_bytes_are_understood() {
 
     host.layout.write_etc("shim.options", "--allow-v1\n");
     let s = "echo ran-without-params\n";
-    let sig = sign(&host.signer, "kpssh", s.as_bytes());
+    let sig = host.signer.sign("kpssh", s.as_bytes());
     let go_join = format!(
         "kpssh-envelope: 1\nphase: join\nsig-b64: {}\nscript-b64: {}\n",
         B64.encode(&sig),
@@ -371,7 +351,7 @@ async fn s62_environment_picks_the_trust_root_on_a_root_login() {
         format!(
             "kpssh-envelope: 1\nphase: join\nparams-b64: {}\nsig-b64: {}\nscript-b64: {}\n",
             B64.encode(host.params("n2").to_text()),
-            B64.encode(sign(&host.signer, namespace, s.as_bytes())),
+            B64.encode(host.signer.sign(namespace, s.as_bytes())),
             B64.encode(&s)
         )
     };

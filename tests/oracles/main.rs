@@ -13,4 +13,5 @@ mod joinhash;
 mod nodepool_hash;
 mod requirements;
 mod support;
+mod template_builtins;
 mod templates;

@@ -16,9 +16,9 @@ use crate::support::{Oracle, cases};
 
 #[derive(serde::Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
-struct Answer {
-    parse_error: Option<String>,
-    exec_error: Option<String>,
+pub(crate) struct Answer {
+    pub(crate) parse_error: Option<String>,
+    pub(crate) exec_error: Option<String>,
     /// Base64 of the rendered bytes.
     output: Option<String>,
     empty_error: Option<String>,
@@ -26,7 +26,7 @@ struct Answer {
 
 /// Template text around actions: shell-ish, with braces, dashes and spaces next to actions so
 /// that trim markers have something to trim.
-fn text() -> impl Strategy<Value = String> {
+pub(crate) fn text() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("a".to_string()),
         Just(" ".to_string()),
@@ -40,7 +40,7 @@ fn text() -> impl Strategy<Value = String> {
 
 /// An operand: data fields (present and missing), map keys (present and missing), variables,
 /// literals.
-fn operand() -> BoxedStrategy<String> {
+pub(crate) fn operand() -> BoxedStrategy<String> {
     prop_oneof![
         Just(".".to_string()),
         Just(".NodeName".to_string()),
@@ -64,9 +64,18 @@ fn operand() -> BoxedStrategy<String> {
         Just("\"\"".to_string()),
         Just("\"x\\ty\\\"z\"".to_string()),
         Just("`r\\n`".to_string()),
+        // What html and urlquery escape: quotes, angle brackets, &, NUL, space, +, /, non-ASCII.
+        Just("\"<a href='x?q=1&b=2'>\\x00 é+/~\"".to_string()),
         Just("0".to_string()),
         Just("1".to_string()),
         Just("-2".to_string()),
+        // Float, character and complex constants (template_builtins.rs has their own tier).
+        Just("1.5".to_string()),
+        Just("1e6".to_string()),
+        Just("'a'".to_string()),
+        Just("1i".to_string()),
+        // A uint8 (ranges like an int in Go 1.22+).
+        Just("(index \"ab\" 0)".to_string()),
         Just("true".to_string()),
         Just("false".to_string()),
         Just("nil".to_string()),
@@ -75,7 +84,7 @@ fn operand() -> BoxedStrategy<String> {
 }
 
 /// A function call or an operand, possibly parenthesised.
-fn command(depth: u32) -> BoxedStrategy<String> {
+pub(crate) fn command(depth: u32) -> BoxedStrategy<String> {
     let arg = if depth == 0 {
         operand()
     } else {
@@ -92,8 +101,12 @@ fn command(depth: u32) -> BoxedStrategy<String> {
         1 => a.clone().prop_map(|x| format!("not {x}")),
         1 => a.clone().prop_map(|x| format!("len {x}")),
         2 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("index {x} {y}")),
+        1 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("slice {x} {y}")),
+        1 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("call {x} {y}")),
         1 => (a.clone(), a.clone()).prop_map(|(x, y)| format!("print {x} {y}")),
         1 => a.clone().prop_map(|x| format!("println {x}")),
+        2 => (prop_oneof![Just("html"), Just("urlquery"), Just("js")], prop::collection::vec(a.clone(), 0..3))
+            .prop_map(|(f, xs)| format!("{f} {}", xs.join(" "))),
         2 => (prop_oneof![
                 Just("\"%s\""), Just("\"%v-%d\""), Just("\"%q %%\""), Just("\"<%s|%v>\""),
             ], prop::collection::vec(a.clone(), 0..3))
@@ -114,6 +127,9 @@ fn pipeline() -> BoxedStrategy<String> {
                 Just("printf \"[%v]\"".to_string()),
                 Just("eq \"a\"".to_string()),
                 Just("index .Vars".to_string()),
+                Just("html".to_string()),
+                Just("urlquery".to_string()),
+                Just("js".to_string()),
             ],
             0..2,
         ),
@@ -140,7 +156,7 @@ fn action() -> BoxedStrategy<String> {
 
 /// Statements: text, actions, comments, if/else if/else, with/else, range (with variables and
 /// else), declarations and assignments.
-fn statements(depth: u32) -> BoxedStrategy<String> {
+pub(crate) fn statements(depth: u32) -> BoxedStrategy<String> {
     let leaf = prop_oneof![
         3 => text(),
         4 => action(),
@@ -233,13 +249,13 @@ fn template_src() -> impl Strategy<Value = String> {
 }
 
 #[derive(Debug, Clone)]
-struct Data {
-    fields: [String; 9],
-    vars: Option<BTreeMap<String, String>>,
-    secrets: Option<BTreeMap<String, String>>,
+pub(crate) struct Data {
+    pub(crate) fields: [String; 9],
+    pub(crate) vars: Option<BTreeMap<String, String>>,
+    pub(crate) secrets: Option<BTreeMap<String, String>>,
 }
 
-fn data() -> impl Strategy<Value = Data> {
+pub(crate) fn data() -> impl Strategy<Value = Data> {
     let s = || {
         prop_oneof![
             Just(String::new()),
@@ -276,7 +292,7 @@ fn data() -> impl Strategy<Value = Data> {
 }
 
 impl Data {
-    fn go(&self) -> serde_json::Value {
+    pub(crate) fn go(&self) -> serde_json::Value {
         let f = &self.fields;
         json!({
             "ClusterEndpoint": f[0], "ClusterCACert": f[1], "BootstrapToken": f[2],
@@ -309,7 +325,7 @@ impl Data {
 }
 
 /// Compares one template on one data set; `Err` describes the difference.
-fn compare(go: &Answer, src: &str, data: &Data) -> Result<(), String> {
+pub(crate) fn compare(go: &Answer, src: &str, data: &Data) -> Result<(), String> {
     let parsed = Template::parse(src);
     let t = match (&go.parse_error, parsed) {
         (Some(_), Err(e)) => {
@@ -368,6 +384,39 @@ fn s61_templates_render_as_go_text_template() {
             .ask(&json!({"src": src, "data": data.go()}));
         if let Err(diff) = compare(&go, &src, &data) {
             prop_assert!(false, "{diff}\n  template: {src:?}\n  data: {data:?}\n  go: {go:?}");
+        }
+    });
+}
+
+/// `html` and `urlquery` on arbitrary text (NUL, quotes, `<>&`, spaces, `+%/~`, non-ASCII) and
+/// on mixed arguments (nil, numbers, several strings), against Go's escapers.
+#[test]
+fn s61_html_and_urlquery_escape_as_go() {
+    let oracle = Mutex::new(Oracle::start("template"));
+    let config = ProptestConfig {
+        cases: cases(),
+        ..ProptestConfig::default()
+    };
+    let text = || "[\\x00 a-zA-Z0-9<>&'\"+%/~.?=é\u{2028}\u{fffd}-]{0,12}";
+    let src = "{{html .NodeName}}|{{urlquery .NodeName}}|{{html .NodeName .HostAddress 1 nil}}|\
+               {{urlquery 1 2 .HostAddress nil}}|{{.HostAddress | html}}|{{.NodeName | urlquery}}|\
+               {{html}}{{urlquery}}|{{html .Vars.k1}}|{{urlquery .Secrets.s1 .Vars}}";
+    proptest!(config, |(name in text(), host in text(), k1 in text(), s1 in text())| {
+        let mut fields: [String; 9] = Default::default();
+        fields[3] = name;
+        fields[7] = host;
+        let data = Data {
+            fields,
+            vars: Some(BTreeMap::from([("k1".to_string(), k1)])),
+            secrets: Some(BTreeMap::from([("s1".to_string(), s1)])),
+        };
+        let go: Answer = oracle
+            .lock()
+            .unwrap()
+            .ask(&json!({"src": src, "data": data.go()}));
+        prop_assert!(go.output.is_some(), "Go renders: {go:?}");
+        if let Err(diff) = compare(&go, src, &data) {
+            prop_assert!(false, "{diff}\n  data: {data:?}");
         }
     });
 }

@@ -25,7 +25,7 @@ use proptest::strategy::ValueTree as _;
 use proptest::test_runner::{Config, TestRunner};
 
 use crate::CASES;
-use crate::sshd::{KeyPair, keygen};
+use crate::sshd::keygen;
 
 fn shim() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("shim/kpssh-shim")
@@ -37,26 +37,6 @@ const REFUSALS: [i32; 5] = [2, 3, 4, 5, 6];
 struct Host {
     dir: tempfile::TempDir,
     envelope: Vec<u8>,
-}
-
-fn sign(key: &KeyPair, msg: &[u8]) -> String {
-    let mut child = Command::new("ssh-keygen")
-        .args(["-Y", "sign", "-n", "kpssh", "-f"])
-        .arg(&key.private_path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ssh-keygen");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(msg)
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "sign: {out:?}");
-    String::from_utf8(out.stdout).expect("utf8")
 }
 
 impl Host {
@@ -74,7 +54,7 @@ impl Host {
             Expires::from_timestamp(jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24))
                 .expect("expires");
         let manifest = manifest_v2(Phase::Join, &profile, script.as_bytes(), &expires);
-        let sig = sign(&signer, manifest.as_bytes());
+        let sig = signer.sign("kpssh", manifest.as_bytes());
         let trusted = TrustedSigners::parse(&[signer.public.as_str()]).expect("trusted");
         let mut params = Params::new();
         params.insert("KPSSH_NOTE", "a note").expect("param");

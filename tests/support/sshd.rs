@@ -63,6 +63,30 @@ pub struct KeyPair {
 }
 
 impl KeyPair {
+    /// `ssh-keygen -Y sign` of `msg` under `namespace` with this key: the armored signature.
+    pub fn sign(&self, namespace: &str, msg: &[u8]) -> String {
+        use std::io::Write as _;
+        let mut child = Command::new(SSH_KEYGEN)
+            .args(["-Y", "sign", "-n", namespace, "-f"])
+            .arg(&self.private_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ssh-keygen");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(msg)
+            .expect("write");
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "sign: {out:?}");
+        String::from_utf8(out.stdout).expect("utf8")
+    }
+}
+
+impl KeyPair {
     /// `ssh-keygen -lf` fingerprint, `SHA256:…`.
     pub fn fingerprint(&self) -> String {
         let pub_path = self.private_path.with_extension("pub");

@@ -1,8 +1,10 @@
 //! Execution: a parsed tree against the data.
 
 use super::Value;
+use super::escape::{html_escape, js_escape, query_escape};
 use super::fmt;
-use super::funcs::{field, go_eq, go_lt};
+use super::funcs::{field, go_eq, go_lt, go_slice};
+use super::number::Const;
 use super::parser::{Command, Node, OpKind, Operand, Pipeline};
 
 // ---------------------------------------------------------------------------------------------
@@ -22,7 +24,8 @@ pub(super) struct Exec<'a> {
     /// `$`: the data, or the value a `{{template}}` call passed.
     pub(super) root: Value,
     pub(super) vars: Vec<(String, Value)>,
-    pub(super) out: String,
+    /// What the template printed: bytes, as Go strings are.
+    pub(super) out: Vec<u8>,
     pub(super) defines: &'a [(String, Vec<Node>)],
     pub(super) depth: usize,
     flow: Option<Flow>,
@@ -35,7 +38,7 @@ impl<'a> Exec<'a> {
         Exec {
             root,
             vars: Vec::new(),
-            out: String::new(),
+            out: Vec::new(),
             defines,
             depth: 0,
             flow: None,
@@ -75,7 +78,7 @@ impl<'a> Exec<'a> {
                     self.vars = vars;
                     ran?;
                 }
-                Node::Text(t) => self.out.push_str(t),
+                Node::Text(t) => self.out.extend_from_slice(t.as_bytes()),
                 Node::Action(p) => {
                     let v = self.pipeline(p, dot)?;
                     if p.decl.is_empty() {
@@ -140,10 +143,23 @@ impl<'a> Exec<'a> {
                             if pipe.decl.len() > 1 {
                                 return Err((
                                     pipe.pos,
-                                    format!("can't use {n} to iterate over more than one variable"),
+                                    // No value: the int may come from a secret.
+                                    "can't use an int to iterate over more than one variable"
+                                        .to_string(),
                                 ));
                             }
                             (0..n.max(0)).map(|i| (Value::Nil, Value::Int(i))).collect()
+                        }
+                        // Any integer kind: a byte (`index "ab" 0`) ranges over bytes.
+                        Value::Uint8(n) => {
+                            if pipe.decl.len() > 1 {
+                                return Err((
+                                    pipe.pos,
+                                    "can't use a uint8 to iterate over more than one variable"
+                                        .to_string(),
+                                ));
+                            }
+                            (0..n).map(|i| (Value::Nil, Value::Uint8(i))).collect()
                         }
                         other => {
                             return Err((
@@ -222,7 +238,14 @@ impl<'a> Exec<'a> {
         let (base, chain) = match &a.kind {
             OpKind::Dot => return Ok(dot.clone()),
             OpKind::Str(s) => return Ok(Value::Str(s.clone())),
-            OpKind::Int(n) => return Ok(Value::Int(*n)),
+            OpKind::Num(c) => {
+                return match c {
+                    Const::Int(n) => Ok(Value::Int(*n)),
+                    Const::Float(f) => Ok(Value::Float(*f)),
+                    Const::Complex(re, im) => Ok(Value::Complex(*re, *im)),
+                    Const::Overflow => Err((a.pos, "number constant overflows int".into())),
+                };
+            }
             OpKind::Bool(b) => return Ok(Value::Bool(*b)),
             OpKind::Nil => return Err((a.pos, "nil is not a command".into())),
             OpKind::Func(name) => return self.call(name, a.pos, &[], dot, None),
@@ -315,6 +338,7 @@ impl<'a> Exec<'a> {
                 let n = match &vals[0] {
                     Value::Str(s) => s.len(),
                     Value::Secret(s) => s.expose().len(),
+                    Value::Bytes(b) => b.0.len(),
                     Value::List(l) => l.len(),
                     Value::Map(m) => m.len(),
                     Value::NilMap => 0,
@@ -352,13 +376,17 @@ impl<'a> Exec<'a> {
                 let mut cur = vals[0].clone();
                 for k in &vals[1..] {
                     cur = match (cur, k) {
-                        (Value::NilMap, k) if k.as_str().is_some() => Value::Str(String::new()),
+                        (Value::NilMap, k) if k.as_bytes().is_some() => Value::Str(String::new()),
                         (Value::Map(mut m), k) => {
-                            let key = k.as_str().ok_or((
+                            let key = k.as_bytes().ok_or((
                                 pos,
                                 format!("cannot index a map with a {}", k.type_name()),
                             ))?;
-                            m.remove(key).unwrap_or(Value::Str(String::new()))
+                            // A key that is not UTF-8 is in no map (their keys are).
+                            std::str::from_utf8(key)
+                                .ok()
+                                .and_then(|k| m.remove(k))
+                                .unwrap_or(Value::Str(String::new()))
                         }
                         (Value::List(mut l), Value::Int(i)) => {
                             let idx = usize::try_from(*i)
@@ -368,8 +396,11 @@ impl<'a> Exec<'a> {
                             l.swap_remove(idx)
                         }
                         // A string indexes to its byte (Go's uint8).
-                        (c @ (Value::Str(_) | Value::Secret(_)), Value::Int(i)) => {
-                            let bytes = c.as_str().unwrap_or_default().as_bytes();
+                        (
+                            c @ (Value::Str(_) | Value::Secret(_) | Value::Bytes(_)),
+                            Value::Int(i),
+                        ) => {
+                            let bytes = c.as_bytes().unwrap_or_default();
                             let b = usize::try_from(*i)
                                 .ok()
                                 .and_then(|i| bytes.get(i))
@@ -390,15 +421,44 @@ impl<'a> Exec<'a> {
                 }
                 Ok(cur)
             }
-            "print" | "println" => Ok(Value::Str(fmt::sprint(&vals, name == "println"))),
+            "slice" => match vals.split_first() {
+                None => Err((
+                    pos,
+                    "wrong number of args for slice: want at least 1 got 0".into(),
+                )),
+                Some((item, indexes)) => {
+                    go_slice(item, indexes).map_err(|m| (pos, format!("error calling slice: {m}")))
+                }
+            },
+            // Go's `call fn args…` calls a func value; the template data has none (no field of
+            // the Go provider's `profile.Context` and no value a template makes is a func), so
+            // every call that runs fails, as in Go, once its arguments are evaluated.
+            "call" => match vals.first() {
+                None => Err((
+                    pos,
+                    "wrong number of args for call: want at least 1 got 0".into(),
+                )),
+                Some(f) => Err((
+                    pos,
+                    format!(
+                        "error calling call: the first argument ({}) is not a function: the \
+                         template data holds no functions",
+                        fmt::go_type(f)
+                    ),
+                )),
+            },
+            "print" | "println" => Ok(Value::from_bytes(fmt::sprint(&vals, name == "println"))),
+            "html" => Ok(Value::from_bytes(html_escape(&fmt::eval_args(&vals)))),
+            "js" => Ok(Value::from_bytes(js_escape(&fmt::eval_args(&vals)))),
+            "urlquery" => Ok(Value::from_bytes(query_escape(&fmt::eval_args(&vals)))),
             "printf" => {
-                let Some(format) = vals.first().and_then(Value::as_str) else {
+                let Some(format) = vals.first().and_then(Value::as_bytes) else {
                     return Err((
                         pos,
                         "printf needs a string format as its first argument".into(),
                     ));
                 };
-                Ok(Value::Str(fmt::sprintf(format, &vals[1..])))
+                Ok(Value::from_bytes(fmt::sprintf(format, &vals[1..])))
             }
             _ => Err((pos, format!("function \"{name}\" not defined"))),
         }

@@ -1,5 +1,7 @@
 //! The lexer: text and actions, with positions.
 
+use super::number;
+
 // ---------------------------------------------------------------------------------------------
 // Lexer
 
@@ -10,7 +12,8 @@ pub(super) enum Tok {
     Var(String), // "" for `$`
     Ident(String),
     Str(String),
-    Int(i64),
+    /// A number or character constant as written; `true`: Go's `itemComplex` (`1+2i`).
+    Num(String, bool),
     Pipe,
     LParen,
     RParen,
@@ -155,10 +158,12 @@ impl<'a> Lexer<'a> {
                 }
                 b'.' => {
                     let n = ident_len(&src[p + 1..]);
-                    if n == 0 {
-                        if b.get(p + 1).is_some_and(|x| x.is_ascii_digit()) {
-                            return Err((p, "floating-point numbers are not supported".into()));
-                        }
+                    if b.get(p + 1).is_some_and(|x| x.is_ascii_digit()) {
+                        // `.5`: a number.
+                        let (tok, next) = lex_number(src, p)?;
+                        p = next;
+                        tok
+                    } else if n == 0 {
                         p += 1;
                         Tok::Dot
                     } else {
@@ -186,24 +191,16 @@ impl<'a> Lexer<'a> {
                     p = end + 1;
                     Tok::Str(s)
                 }
-                b'\'' => return Err((p, "character constants are not supported".into())),
+                b'\'' => {
+                    let next = number::scan_char(src, p)?;
+                    let tok = Tok::Num(src[p..next].to_string(), false);
+                    p = next;
+                    tok
+                }
                 b'0'..=b'9' | b'-' | b'+' => {
-                    let mut q = p + 1;
-                    while b
-                        .get(q)
-                        .is_some_and(|x| x.is_ascii_alphanumeric() || *x == b'_')
-                    {
-                        q += 1;
-                    }
-                    if b.get(q) == Some(&b'.') {
-                        return Err((p, "floating-point numbers are not supported".into()));
-                    }
-                    let text = src[p..q].replace('_', "");
-                    let n = text
-                        .parse::<i64>()
-                        .map_err(|_| (p, format!("bad number syntax: {:?}", &src[p..q])))?;
-                    p = q;
-                    Tok::Int(n)
+                    let (tok, next) = lex_number(src, p)?;
+                    p = next;
+                    tok
                 }
                 _ => {
                     let n = ident_len(&src[p..]);
@@ -224,6 +221,23 @@ impl<'a> Lexer<'a> {
             spaced = false;
         }
     }
+}
+
+/// Go's `lexNumber` at `p`: a number, or a complex constant `1+2i`.
+fn lex_number(src: &str, p: usize) -> PResult<(Tok, usize)> {
+    let bad = |q: usize| (p, format!("bad number syntax: {:?}", &src[p..q]));
+    let (q, ok) = number::scan_number(src, p);
+    if !ok {
+        return Err(bad(q));
+    }
+    if matches!(src.as_bytes().get(q), Some(b'+' | b'-')) {
+        let (q2, ok) = number::scan_number(src, q);
+        if !ok || src.as_bytes().get(q2 - 1) != Some(&b'i') {
+            return Err(bad(q2));
+        }
+        return Ok((Tok::Num(src[p..q2].to_string(), true), q2));
+    }
+    Ok((Tok::Num(src[p..q].to_string(), false), q))
 }
 
 pub(super) fn ident_len(s: &str) -> usize {

@@ -1,41 +1,54 @@
 //! A renderer for the subset of Go `text/template` that join profiles use.
 //!
 //! Profiles written for the Go provider were rendered with plain `text/template` (no sprig) and
-//! `missingkey=error`; this module accepts the same syntax for the features below and fails — with
-//! a `line:col` position — where Go would fail, plus a few places where Go would print something
-//! unsafe (see "Deviations").
+//! `missingkey=error`; this module accepts what Go accepts, renders the same bytes and fails —
+//! with a `line:col` position — where Go fails (see "Deviations" for what still differs).
 //!
 //! Supported:
 //! - text and actions `{{ … }}`, trim markers `{{- ` / ` -}}`, comments `{{/* … */}}` (also
 //!   with trim markers);
 //! - `if` / `else if` / `else` / `end`, `with` / `else with` / `else` / `end`,
-//!   `range` over maps (keys in sorted order) and lists, with `else`;
+//!   `range` over maps (keys in sorted order), lists and integers, with `else`;
 //! - variables: `$` (the root data), `{{ $x := pipeline }}`, `{{ $x = pipeline }}`,
 //!   `range $v := …`, `range $k, $v := …`, `with $x := …`;
 //! - operands: `.`, field chains `.A.B`, `$x.A`, `(pipeline).A`, string literals (`"…"` with Go
-//!   escapes and raw `` `…` ``), integers, `true`, `false`, `nil`;
+//!   escapes and raw `` `…` ``), numbers as Go reads them (integers with base prefixes and
+//!   underscores, floats incl. hexadecimal ones, imaginary and complex constants, `'a'`
+//!   character constants; see `number.rs`), `true`, `false`, `nil`;
 //! - pipelines `a | b | c` (the previous result is the last argument of the next command);
+//! - `define` / `template` / `block`, `break` / `continue`;
 //! - functions: `eq`, `ne`, `lt`, `le`, `gt`, `ge`, `not`, `and`, `or` (short-circuit), `len`,
-//!   `index`, `print`, `println`, `printf` (verbs `%s`, `%v`, `%d`, `%q`, `%%`).
+//!   `index`, `slice` (strings and lists, Go's index rules; a string may be cut inside a
+//!   character), `print`, `println`, `printf`, `html`, `js`, `urlquery` (escape.rs), `call`
+//!   (the data holds no functions, so a `call` that runs fails, as in Go).
 //!
-//! Not supported (a parse error naming the construct): `define`, `template`, `block`, `break`,
-//! `continue`, `call`, `slice`, `html`, `js`, `urlquery`, floats, char constants. `quote` and
-//! `default` are sprig functions, which the Go provider never loaded, so no existing profile can
-//! use them; they are unknown functions here too.
+//! Strings are Go strings: bytes, not necessarily UTF-8 (`Value::Bytes`), and so is the output.
+//! Values print as Go's `fmt` prints them, `{{ . }}` included (the data as the Go provider's
+//! struct, secrets and all, exactly as Go would print it); `printf` keeps Go's in-band errors
+//! (`%!s(MISSING)`, `%!d(string=x)`, `%!(EXTRA …)`).
 //!
-//! Deviations from Go: printing the whole root data (`{{ . }}` at the top level, `{{ $ }}`) is an
-//! error instead of a struct dump (it would print every secret); `printf` with a missing or
-//! mismatched argument is an error instead of `%!s(MISSING)`; error texts never contain evaluated
-//! values (only names that appear in the template text).
+//! `quote` and `default` are sprig functions, which the Go provider never loaded, so no existing
+//! profile can use them; they are unknown functions here too. docs/join-profiles.md has the
+//! exact list, measured against Go by the oracle tier (`cargo test --test oracles s61`).
+//!
+//! Deviations from Go: error texts never contain evaluated values (only names that appear in
+//! the template text) and are worded differently (accept/reject is Go's); `{{template}}` calls
+//! nest at most 200 deep (Go: 100,000); the data's methods (`.Env`, `.Redact` of the Go
+//! provider's `profile.Context`) are unknown fields; `printf` flags `#`, ` ` and `0` and widths
+//! inside maps and structs are not Go's.
 
+mod escape;
 mod exec;
 mod fmt;
+mod fmt_float;
 mod funcs;
 mod lexer;
+mod number;
 mod parser;
+mod unicode_print;
 mod values;
 
-pub use values::{ContextData, Value};
+pub use values::{ContextData, RawStr, Value};
 
 use exec::Exec;
 use lexer::{Lexer, line_col};
@@ -113,7 +126,7 @@ impl Template {
             let (line, col) = line_col(&self.src, pos);
             TemplateError { line, col, msg }
         })?;
-        Ok(ex.out.into_bytes())
+        Ok(ex.out)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The parser: actions into a tree of nodes.
 
 use super::lexer::{Item, PResult, Tok, Token};
+use super::number::{Const, constant};
 
 // ---------------------------------------------------------------------------------------------
 // AST
@@ -75,7 +76,7 @@ pub(super) enum OpKind {
     Var(String, Vec<String>),
     Func(String),
     Str(String),
-    Int(i64),
+    Num(Const),
     Bool(bool),
     Nil,
     Sub(Box<Pipeline>, Vec<String>),
@@ -89,9 +90,8 @@ pub(super) struct Operand {
 
 pub(super) const FUNCS: &[&str] = &[
     "and", "or", "not", "eq", "ne", "lt", "le", "gt", "ge", "len", "index", "print", "printf",
-    "println",
+    "println", "html", "urlquery", "call", "js", "slice",
 ];
-pub(super) const UNSUPPORTED: &[&str] = &["call", "slice", "html", "js", "urlquery"];
 
 pub(super) enum Terminator {
     Eof,
@@ -189,9 +189,6 @@ impl Parser {
                             } else {
                                 Node::Continue
                             });
-                        }
-                        Tok::Ident(k) if UNSUPPORTED.contains(&k.as_str()) => {
-                            return Err((first.pos, format!("\"{k}\" is not supported")));
                         }
                         _ => {
                             let pipe = self.pipeline(pos, &toks, true)?;
@@ -410,13 +407,26 @@ impl Parser {
             if args.len() > 1 && !matches!(args[0].kind, OpKind::Func(_)) {
                 return Err((args[1].pos, "can't give argument to non-function".into()));
             }
+            // As Go's checkPipeline: only the first command may be a constant or `.`.
+            if !cmds.is_empty()
+                && matches!(
+                    args[0].kind,
+                    OpKind::Bool(_) | OpKind::Dot | OpKind::Nil | OpKind::Num(_) | OpKind::Str(_)
+                )
+            {
+                return Err((
+                    args[0].pos,
+                    format!(
+                        "non executable command in pipeline stage {}",
+                        cmds.len() + 1
+                    ),
+                ));
+            }
             cmds.push(Command { args });
+            i += 1; // the pipe
+            // As Go: a pipe at the end of the pipeline is allowed (`{{ .A | }}`).
             if i >= toks.len() {
                 return Ok(cmds);
-            }
-            i += 1; // the pipe
-            if i >= toks.len() {
-                return Err((toks[i - 1].pos, "missing command after |".into()));
             }
         }
     }
@@ -453,15 +463,15 @@ impl Parser {
                 (OpKind::Var(name.clone(), chain), next)
             }
             Tok::Str(s) => (OpKind::Str(s.clone()), i + 1),
-            Tok::Int(n) => (OpKind::Int(*n), i + 1),
+            Tok::Num(text, complex) => (
+                OpKind::Num(constant(text, *complex).map_err(|m| (pos, m))?),
+                i + 1,
+            ),
             Tok::Ident(k) => match k.as_str() {
                 "true" => (OpKind::Bool(true), i + 1),
                 "false" => (OpKind::Bool(false), i + 1),
                 "nil" => (OpKind::Nil, i + 1),
                 _ if FUNCS.contains(&k.as_str()) => (OpKind::Func(k.clone()), i + 1),
-                _ if UNSUPPORTED.contains(&k.as_str()) => {
-                    return Err((pos, format!("function \"{k}\" is not supported")));
-                }
                 "if" | "else" | "end" | "range" | "with" => {
                     return Err((pos, format!("unexpected \"{k}\" in command")));
                 }
@@ -494,7 +504,7 @@ impl Parser {
                 return Err((pos, "unexpected declaration or assignment".into()));
             }
         };
-        if matches!(kind, OpKind::Dot | OpKind::Str(_) | OpKind::Int(_))
+        if matches!(kind, OpKind::Dot | OpKind::Str(_) | OpKind::Num(_))
             && let Some(Token {
                 tok: Tok::Field(_),
                 spaced: false,

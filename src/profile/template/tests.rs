@@ -36,6 +36,10 @@ fn render(src: &str) -> Result<String, TemplateError> {
     Ok(String::from_utf8(out).unwrap())
 }
 
+fn render_bytes(src: &str) -> Vec<u8> {
+    Template::parse(src).unwrap().render(&root()).unwrap()
+}
+
 fn err(src: &str) -> TemplateError {
     match render(src) {
         Ok(s) => panic!("expected an error for {src:?}, got {s:?}"),
@@ -221,12 +225,6 @@ fn unknown_functions_and_parse_errors_have_positions() {
     assert!(e.msg.contains("function \"quote\" not defined"), "{e}");
     assert!(Template::parse("{{ default \"x\" .A }}").is_err());
     assert!(
-        Template::parse("{{ slice .A 1 }}")
-            .unwrap_err()
-            .msg
-            .contains("not supported")
-    );
-    assert!(
         Template::parse("{{ if .A }}")
             .unwrap_err()
             .msg
@@ -242,9 +240,13 @@ fn unknown_functions_and_parse_errors_have_positions() {
     );
     assert!(Template::parse("{{ \"abc }}").is_err());
     assert!(Template::parse("{{ }}").is_err());
-    assert!(Template::parse("{{ .A | }}").is_err());
+    assert!(Template::parse("{{ .A | | len }}").is_err());
+    // As Go: a trailing pipe is allowed, a constant after a pipe is not.
+    assert!(Template::parse("{{ .A | }}").is_ok());
+    assert!(Template::parse("{{ .A | \"a\" }}").is_err());
+    assert!(Template::parse("{{ .A | 1.5 }}").is_err());
     assert!(Template::parse("{{ .A .B }}").is_err());
-    assert!(Template::parse("{{ 1.5 }}").is_err());
+    assert!(Template::parse("{{ 1.5x }}").is_err());
     assert!(Template::parse("{{ (.A }}").is_err());
     // As Go: assigning an undeclared variable parses and fails when it runs.
     assert!(Template::parse("{{ $y = 1 }}").is_ok());
@@ -354,4 +356,124 @@ fn define_template_block_break_continue() {
             .msg
             .contains("depth")
     );
+}
+
+#[test]
+fn number_and_character_constants_as_go() {
+    for (src, want) in [
+        ("{{1.5}}", "1.5"),
+        ("{{1e6}}", "1e+06"),
+        ("{{.5}} {{-.5}} {{1.}}", "0.5 -0.5 1"),
+        ("{{-0x1E}} {{0x1E}}", "-30 30"),
+        ("{{0x1p-2}} {{1_000}} {{017}} {{0b101}}", "0.25 1000 15 5"),
+        ("{{'a'}} {{'\\n'}} {{'é'}} {{'\\xff'}}", "97 10 233 255"),
+        ("{{1i}} {{1-2.5i}} {{-0i}}", "(0+1i) (1-2.5i) (0-0i)"),
+        (
+            "{{printf \"%T %T %T %T %T\" 1 1.0 'a' 1i -0x1E}}",
+            "int float64 int complex128 float64",
+        ),
+        ("{{0.00001}} {{123456.7}} {{-0.0}}", "1e-05 123456.7 -0"),
+        (
+            "{{printf \"%.2f|%e|%g|%d\" 3.14159 1234.5 0.000012345 1.5}}",
+            "3.14|1.234500e+03|1.2345e-05|%!d(float64=1.5)",
+        ),
+        (
+            "{{lt 1.5 2.5}} {{eq 1i 1i}} {{if 0.0}}t{{else}}f{{end}}",
+            "true true f",
+        ),
+        // Go's output for these, from the oracle.
+        (
+            "{{printf \"%x|%X|%b|%.1x|%.0X|%x|%x|%b|%x\" 1.5 -1.5 1.5 1.96875 1.5 0.0 5e-324 0.0 (1+2i)}}",
+            "0x1.8p+00|-0X1.8P+00|6755399441055744p-52|0x1.0p+01|0X1P+01|0x0p+00|0x1p-1074|0p-1074|(0x1p+00+0x1p+01i)",
+        ),
+    ] {
+        assert_eq!(render(src).unwrap(), want, "{src}");
+    }
+    for bad in [
+        "{{08}}",
+        "{{1__0}}",
+        "{{'ab'}}",
+        "{{''}}",
+        "{{1e400}}",
+        "{{99999999999999999999}}",
+        "{{0x1.8}}",
+        "{{'\\\"'}}",
+        "{{1.5.x}}",
+        "{{0x10+1i}}",
+        "{{'a}}",
+    ] {
+        assert!(Template::parse(bad).is_err(), "{bad}");
+    }
+    // Fits a uint64, not an int: parses and fails when it runs, as in Go.
+    assert!(render("{{9223372036854775808}}").is_err());
+    assert!(render("{{eq 1.0 1}}").is_err());
+    assert!(render("{{lt 1i 2i}}").is_err());
+}
+
+#[test]
+fn js_escapes_as_go() {
+    assert_eq!(
+        render("{{js \"<a href='x'>\\\\\\\"&=\\x01\\u00a0\\u2028é😀\"}}").unwrap(),
+        "\\u003Ca href\\u003D\\'x\\'\\u003E\\\\\\\"\\u0026\\u003D\\u0001\\u00A0\\u2028é😀"
+    );
+    // Arguments as text/template's evalArgs joins them; an unassigned astral rune is escaped
+    // with five hex digits, as Go's %04X does.
+    assert_eq!(
+        render("{{js 1 2 nil}}").unwrap(),
+        "1 2\\u003Cno value\\u003E"
+    );
+    assert_eq!(render("{{js \"\\U0001FFFF\"}}").unwrap(), "\\u1FFFF");
+}
+
+#[test]
+fn slice_as_go() {
+    let ok = |src: &str| render(src).unwrap();
+    assert_eq!(
+        ok("{{slice \"abcdef\" 1 3}}|{{slice \"abc\" 1}}|{{slice \"abc\"}}"),
+        "bc|bc|abc"
+    );
+    assert_eq!(
+        ok("{{slice .List 1}}|{{slice .List 0 1 2}}|{{len (slice .List 2)}}"),
+        "[y]|[x]|0"
+    );
+    // Cut inside a character: the bytes, as Go prints them.
+    assert_eq!(
+        render_bytes(
+            "{{slice \"é\" 0 1}}|{{len (slice \"é\" 1)}}|{{printf \"%q\" (slice \"é\" 1)}}"
+        ),
+        b"\xc3|1|\"\\xa9\"".to_vec()
+    );
+    for bad in [
+        "{{slice}}",
+        "{{slice nil}}",
+        "{{slice 1}}",
+        "{{slice .Vars 0}}",
+        "{{slice . 0}}",
+        "{{slice \"abc\" 1 2 3}}",
+        "{{slice .List 0 1 2 3}}",
+        "{{slice \"abc\" 4}}",
+        "{{slice \"abc\" -1}}",
+        "{{slice \"abc\" 2 1}}",
+        "{{slice .List 0 2 1}}",
+        "{{slice \"abc\" nil}}",
+        "{{slice \"abc\" 1.0}}",
+        "{{slice \"abc\" \"1\"}}",
+    ] {
+        assert!(render(bad).is_err(), "{bad}");
+    }
+    // No index in the error: it may come from a secret's bytes.
+    let e = err("{{slice \"abc\" (index .Secrets.activationCode 0)}}");
+    assert!(!e.msg.contains("115"), "{e}");
+    let e = err("{{range $k, $v := index .Secrets.activationCode 0}}{{end}}");
+    assert!(!e.msg.contains("115"), "{e}");
+}
+
+#[test]
+fn range_over_a_byte_as_go() {
+    // Go 1.22+ ranges over every integer kind; `index` of a string is a uint8.
+    assert_eq!(
+        render("{{range index \"\\x03\" 0}}{{.}}{{printf \"%T\" .}},{{end}}").unwrap(),
+        "0uint8,1uint8,2uint8,"
+    );
+    assert!(render("{{range $i, $v := index \"a\" 0}}{{end}}").is_err());
 }

@@ -10,11 +10,17 @@ pub enum Value {
     Nil,
     Bool(bool),
     Int(i64),
+    /// A float64 constant (`1.5`, `1e3`).
+    Float(f64),
+    /// A complex128 constant (`1i`, `1+2i`): real and imaginary part.
+    Complex(f64, f64),
     /// A byte: what `index` yields on a string (Go's `uint8`).
     Uint8(u8),
     Str(String),
     /// Renders as its value; never appears in `Debug` output or error texts.
     Secret(Secret),
+    /// A Go string that is not valid UTF-8: what `slice` leaves when it cuts a character.
+    Bytes(RawStr),
     List(Vec<Value>),
     Map(BTreeMap<String, Value>),
     /// A nil Go map (`Vars`/`Secrets` the Go provider left unset): empty everywhere, but equal
@@ -24,6 +30,17 @@ pub enum Value {
     /// order; unknown field = error, not indexable, not rangeable). Built by
     /// [`ContextData::into_value`].
     Root(Vec<(String, Value)>),
+}
+
+/// The bytes of a [`Value::Bytes`]; `Debug` shows only their number (they may be part of a
+/// secret).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RawStr(pub Vec<u8>);
+
+impl std::fmt::Debug for RawStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RawStr({} bytes)", self.0.len())
+    }
 }
 
 /// The template data, field for field the Go provider's `profile.Context` (its
@@ -78,19 +95,31 @@ impl Value {
             Value::Nil => "nil",
             Value::Bool(_) => "bool",
             Value::Int(_) => "int",
+            Value::Float(_) => "float64",
+            Value::Complex(..) => "complex128",
             Value::Uint8(_) => "uint8",
-            Value::Str(_) | Value::Secret(_) => "string",
+            Value::Str(_) | Value::Secret(_) | Value::Bytes(_) => "string",
             Value::List(_) => "list",
             Value::Map(_) | Value::NilMap => "map",
             Value::Root(_) => "*profile.Context",
         }
     }
 
-    pub(super) fn as_str(&self) -> Option<&str> {
+    /// A Go string's bytes (strings, secrets, cut strings).
+    pub(super) fn as_bytes(&self) -> Option<&[u8]> {
         match self {
-            Value::Str(s) => Some(s),
-            Value::Secret(s) => Some(s.expose()),
+            Value::Str(s) => Some(s.as_bytes()),
+            Value::Secret(s) => Some(s.expose().as_bytes()),
+            Value::Bytes(b) => Some(&b.0),
             _ => None,
+        }
+    }
+
+    /// A Go string from bytes: a `Str` when they are UTF-8, else `Bytes`.
+    pub(super) fn from_bytes(b: Vec<u8>) -> Value {
+        match String::from_utf8(b) {
+            Ok(s) => Value::Str(s),
+            Err(e) => Value::Bytes(RawStr(e.into_bytes())),
         }
     }
 
@@ -100,9 +129,12 @@ impl Value {
             Value::Nil => false,
             Value::Bool(b) => *b,
             Value::Int(i) => *i != 0,
+            Value::Float(f) => *f != 0.0,
+            Value::Complex(re, im) => *re != 0.0 || *im != 0.0,
             Value::Uint8(b) => *b != 0,
             Value::Str(s) => !s.is_empty(),
             Value::Secret(s) => !s.is_empty(),
+            Value::Bytes(b) => !b.0.is_empty(),
             Value::List(l) => !l.is_empty(),
             Value::Map(m) => !m.is_empty(),
             Value::NilMap => false,
