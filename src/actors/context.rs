@@ -1,6 +1,6 @@
 //! What every actor is handed: the ports, the clock, the settings and the shared limits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Node;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -100,41 +100,71 @@ impl<C: Cluster, T: Transport> Context<C, T> {
     }
 }
 
-/// The NodeClaim UIDs the router's watch has seen and not yet seen deleted. It lets the
-/// probe of a busy host skip the API read that confirms its claim still exists (S26): a UID
-/// present here is taken as live; an absent one is confirmed against the API. A view that
-/// lags behind a deletion costs one probe interval at most, and not even that, as the
-/// router's handling of the deletion sends the holder a probe right after updating it.
-#[derive(Clone, Default)]
+/// The NodeClaim UIDs the router's watch has seen and not yet seen deleted, each with whether
+/// it is being deleted. It lets the probe of a busy host skip the API read that confirms its
+/// claim still exists (S26): a UID present here is taken as live; an absent one is confirmed
+/// against the API. A view that lags behind a deletion costs one probe interval at most, and
+/// not even that, as the router's handling of the deletion sends the holder a probe right
+/// after updating it. A running join waits on [`ClaimView::changes`] to stop when its claim
+/// goes (S26).
+#[derive(Clone)]
 pub struct ClaimView {
-    uids: Arc<RwLock<HashSet<String>>>,
+    uids: Arc<RwLock<HashMap<String, bool>>>,
+    changed: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for ClaimView {
+    fn default() -> Self {
+        ClaimView {
+            uids: Arc::default(),
+            changed: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
 }
 
 impl ClaimView {
-    pub fn insert(&self, uid: &str) {
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// A claim seen by the watch, and whether it carries a deletion timestamp.
+    pub fn insert(&self, uid: &str, deleting: bool) {
         let mut uids = self.uids.write().unwrap_or_else(|p| p.into_inner());
-        if !uids.contains(uid) {
-            uids.insert(uid.to_string());
+        if uids.get(uid) != Some(&deleting) {
+            uids.insert(uid.to_string(), deleting);
+            drop(uids);
+            self.bump();
         }
     }
 
     pub fn remove(&self, uid: &str) {
-        self.uids
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+        let removed = (self.uids.write().unwrap_or_else(|p| p.into_inner())).remove(uid);
+        if removed.is_some() {
+            self.bump();
+        }
     }
 
-    pub fn replace_all<'a>(&self, uids: impl IntoIterator<Item = &'a str>) {
+    pub fn replace_all<'a>(&self, uids: impl IntoIterator<Item = (&'a str, bool)>) {
         *self.uids.write().unwrap_or_else(|p| p.into_inner()) =
-            uids.into_iter().map(str::to_string).collect();
+            uids.into_iter().map(|(u, d)| (u.to_string(), d)).collect();
+        self.bump();
     }
 
     pub fn contains(&self, uid: &str) -> bool {
         self.uids
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(uid)
+            .contains_key(uid)
+    }
+
+    /// Present and not being deleted.
+    pub fn live(&self, uid: &str) -> bool {
+        self.uids.read().unwrap_or_else(|p| p.into_inner()).get(uid) == Some(&false)
+    }
+
+    /// Changes on every insertion, deletion or deletion timestamp the view records.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 }
 
@@ -574,20 +604,30 @@ mod tests {
     #[test]
     fn claim_view_follows_inserts_removals_and_restarts() {
         let view = ClaimView::default();
+        let mut changes = view.changes();
         assert!(!view.contains("u1"));
-        view.insert("u1");
-        view.insert("u1");
-        view.insert("u2");
+        view.insert("u1", false);
+        assert!(changes.has_changed().unwrap_or(false), "an insertion wakes");
+        changes.mark_unchanged();
+        view.insert("u1", false);
+        assert!(!changes.has_changed().unwrap_or(true), "a repeat does not");
+        view.insert("u2", false);
         assert!(view.contains("u1") && view.contains("u2"));
+        assert!(view.live("u1"));
+        // A deletion timestamp: still present (not stale), no longer live; it wakes waiters.
+        changes.mark_unchanged();
+        view.insert("u1", true);
+        assert!(view.contains("u1") && !view.live("u1"));
+        assert!(changes.has_changed().unwrap_or(false));
         view.remove("u1");
-        assert!(!view.contains("u1"));
+        assert!(!view.contains("u1") && !view.live("u1"));
         // A watch restart replaces the view: a UID deleted while the watch was down is gone.
-        view.replace_all(["u3"]);
+        view.replace_all([("u3", false), ("u5", true)]);
         assert!(!view.contains("u2"));
-        assert!(view.contains("u3"));
+        assert!(view.live("u3") && view.contains("u5") && !view.live("u5"));
         // Clones share one view (router writes, host actors read).
         let reader = view.clone();
-        view.insert("u4");
+        view.insert("u4", false);
         assert!(reader.contains("u4"));
     }
 }

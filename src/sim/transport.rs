@@ -449,6 +449,25 @@ impl Transport for SimTransport {
 }
 
 impl SimTransport {
+    /// Sleep for `d` unless `cmd` is cancelled first (then noted, and false).
+    async fn sleep_unless_cancelled(
+        &self,
+        d: Duration,
+        cmd: &RemoteCommand,
+        target: &HostTarget,
+        label: &str,
+    ) -> bool {
+        let done = tokio::select! {
+            biased;
+            () = tokio::time::sleep(d) => true,
+            () = cmd.cancel.cancelled() => false,
+        };
+        if !done {
+            self.note(&target.address, format!("{label} cancelled and killed"));
+        }
+        done
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn finish(
         &self,
@@ -466,14 +485,29 @@ impl SimTransport {
             if hang {
                 self.journal().injected_hangs += 1;
             }
-            tokio::time::sleep(cmd.timeout).await;
+            if !self
+                .sleep_unless_cancelled(cmd.timeout, cmd, target, &label)
+                .await
+            {
+                return Err(TransportError::Cancelled {
+                    host: target.host.clone(),
+                });
+            }
             self.note(&target.address, format!("{label} hung until its timeout"));
             return Err(TransportError::CommandTimeout {
                 host: target.host.clone(),
                 after: cmd.timeout,
             });
         }
-        tokio::time::sleep(latency.min(cmd.timeout)).await;
+        if !(self)
+            .sleep_unless_cancelled(latency.min(cmd.timeout), cmd, target, &label)
+            .await
+        {
+            // Killed as the real transport kills it: the run has no effect on the host.
+            return Err(TransportError::Cancelled {
+                host: target.host.clone(),
+            });
+        }
         let token = env.get("KPSSH_BOOTSTRAP_TOKEN").cloned();
         if let Some(t) = &token {
             self.journal().tokens_seen.push(t.clone());

@@ -13,7 +13,7 @@ use serde_json::json;
 use tracing::Instrument;
 
 use super::failure::{fail, fail_as};
-use super::phases::{PhaseFailure, plan, run_phase};
+use super::phases::{PhaseFailure, plan, run_phase, run_phase_cancellable};
 use super::probe::write;
 use super::registration::{TOKEN_NAMESPACE, static_provider_id, token_secret_name};
 use super::{HostActorState, target};
@@ -32,7 +32,7 @@ use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::karpenter::quantity;
 use crate::profile::phase::{Phase, PhaseContext, Taint};
 use crate::secret::Secret;
-use crate::ssh::Transport;
+use crate::ssh::{Cancel, Transport};
 
 /// Group the minted tokens authenticate as (bind it to system:node-bootstrapper).
 pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers:kpssh";
@@ -72,14 +72,25 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
     match launch(state, &plan).await {
         // The NodeClaim was force-deleted while the join ran (S26): release now, with its
         // token (S27), rather than at the next probe, a whole probe interval later.
-        Ok(true)
+        Ok(Launch::Joined)
             if super::registration::release_if_stale(state)
                 .await
                 .unwrap_or(false) =>
         {
             return;
         }
-        Ok(true) => {
+        // The join was stopped because its NodeClaim went (S26): no failure of the host's.
+        // A vanished claim is released here with its token (S27; if the API refuses, the
+        // router's probe, queued behind this launch, tries again); a claim being deleted
+        // gets its Release, queued too.
+        Ok(Launch::Aborted) => {
+            tracing::info!(host = %state.key(), nodeclaim = %claim.name, "join stopped: its NodeClaim is gone or being deleted");
+            if let Err(e) = super::registration::release_if_stale(state).await {
+                tracing::warn!(host = %state.key(), error = %e, "stale claim not released; the next probe retries");
+            }
+            return;
+        }
+        Ok(Launch::Joined) => {
             let class = plan.claim.spec.node_class_ref.name.clone();
             let now = state.ctx.clock.now();
             (state.ctx.launches).record(&class, crate::actors::launches::Outcome::succeeded(), now);
@@ -87,7 +98,7 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
         }
         // The NodeClaim went away while the launch waited: its release (queued) or the stale
         // claim check of the next probe frees the host.
-        Ok(false) => return,
+        Ok(Launch::Unwanted) => return,
         Err(f) => return fail(state, claim, Some(&nodeclaim), f).await,
     }
     // Joined: the host is attached (and billed) until its claim ends.
@@ -114,12 +125,22 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
     }
 }
 
-/// Install and join under one phase slot. False when the NodeClaim is gone or being deleted
-/// by the time its turn came: no host is touched for a claim nobody wants any more.
+/// How a launch that did not fail ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Launch {
+    Joined,
+    /// The NodeClaim was gone or being deleted by the time its turn came: no host is touched
+    /// for a claim nobody wants any more.
+    Unwanted,
+    /// The join was killed because its NodeClaim went meanwhile ([`super::abort`]).
+    Aborted,
+}
+
+/// Install and join under one phase slot.
 async fn launch<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
     plan: &Plan,
-) -> Result<bool, PhaseFailure> {
+) -> Result<Launch, PhaseFailure> {
     let waiting = tokio::time::Instant::now();
     state.launch_slot = Some(state.ctx.limits.phase_slot().await);
     state.ctx.metrics.limiter_waited("phase", waiting.elapsed());
@@ -133,24 +154,20 @@ async fn still_wanted<C: Cluster, T: Transport>(
     state: &HostActorState<C, T>,
     plan: &Plan,
 ) -> Result<bool, PhaseFailure> {
-    let name = plan.claim.metadata.name.clone().unwrap_or_default();
-    let current: Option<NodeClaim> = state
-        .ctx
-        .cluster
-        .get(None, &name)
+    let Some(claim) = plan_claim_ref(plan) else {
+        return Ok(false);
+    };
+    super::abort::wanted(&state.ctx, &claim)
         .await
-        .map_err(api_failure)?;
-    Ok(current.is_some_and(|nc| {
-        nc.metadata.uid == plan.claim.metadata.uid && nc.metadata.deletion_timestamp.is_none()
-    }))
+        .map_err(api_failure)
 }
 
 async fn install_and_join<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
     plan: &Plan,
-) -> Result<bool, PhaseFailure> {
+) -> Result<Launch, PhaseFailure> {
     if !still_wanted(state, plan).await? {
-        return Ok(false);
+        return Ok(Launch::Unwanted);
     }
     let ns = state.ctx.pool_ns().to_string();
     let target = target::host_target(&state.ctx.cluster, &ns, &state.host)
@@ -171,13 +188,27 @@ async fn install_and_join<C: Cluster, T: Transport>(
             .map_err(api_failure)?;
     }
     if !warm && !still_wanted(state, plan).await? {
-        return Ok(false);
+        return Ok(Launch::Unwanted);
     }
     super::registration::leave_stale_kubelet(state, &target, &plan.claim).await?;
     let token = token(state).await.map_err(api_failure)?;
     let mut ctx = plan.ctx.clone();
     ctx.bootstrap_token = Some(token);
-    run_phase(state, &target, &plan.profile, Phase::Join, &ctx).await?;
+    let claim = plan_claim_ref(plan)
+        .ok_or_else(|| PhaseFailure::config("NodeClaim without a name or UID"))?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let join = run_phase_cancellable(
+        state,
+        &target,
+        &plan.profile,
+        Phase::Join,
+        &ctx,
+        Cancel::new(stop.clone()),
+    );
+    match super::abort::while_wanted(&state.ctx, &claim, &stop, join).await {
+        (Err(_), true) => return Ok(Launch::Aborted),
+        (result, _) => result?,
+    }
     let provider_id = (!ctx.provider_id.is_empty()).then(|| ctx.provider_id.clone());
     let adopt = provider_id.is_none();
     write_held(state, plan, |s| s.provider_id = provider_id.clone())
@@ -198,7 +229,7 @@ async fn install_and_join<C: Cluster, T: Transport>(
             }
         });
     }
-    Ok(true)
+    Ok(Launch::Joined)
 }
 
 /// Record a launch step on the host. A conflict (a probe or the router wrote first) is
