@@ -361,11 +361,33 @@ impl SimTransport {
                 }
                 let node: Node = node_from_env(&env, &format!("sim://adopted/{address}"));
                 match this.cluster.create(&node).await {
-                    Ok(_) | Err(ClusterError::AlreadyExists { .. }) => return,
-                    Err(_) => tokio::time::sleep(Duration::from_secs(10)).await,
+                    Ok(_) => return,
+                    // A kubelet re-uses a Node of its name (nodeadm's are per machine): it
+                    // posts its status at once, Ready with a fresh heartbeat.
+                    Err(ClusterError::AlreadyExists { .. }) => {
+                        if this.post_ready(&node_name).await.is_ok() {
+                            return;
+                        }
+                    }
+                    Err(_) => {}
                 }
+                tokio::time::sleep(Duration::from_secs(10)).await;
             }
         });
+    }
+
+    /// The kubelet's status post for an existing Node: Ready, heartbeat now.
+    async fn post_ready(&self, name: &str) -> Result<(), ClusterError> {
+        let Some(mut node) = self.cluster.get::<Node>(None, name).await? else {
+            return Err(ClusterError::Transient {
+                kind: "Node".into(),
+                key: name.into(),
+                message: "gone meanwhile".into(),
+            });
+        };
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(self.cluster.clock().now());
+        super::kubelet::set_ready(&mut node, "True", at);
+        self.cluster.replace_status(&node).await.map(|_| ())
     }
 
     /// After a reboot or power return: a kubelet that came back registers its Node again.

@@ -63,7 +63,7 @@ async fn s20_restart_mid_join_resumes_same_host_and_token() {
     assert!(tokens(&w).await.is_empty(), "no token orphaned");
 }
 
-async fn adopt_class(w: &kpssh::sim::world::World) {
+pub async fn adopt_class(w: &kpssh::sim::world::World) {
     let mut class: SSHNodeClass = w
         .cluster
         .get(None, "pool")

@@ -2,6 +2,7 @@
 //! hosts, on tokio's paused clock. Each test names the scenario of SCENARIOS.md it shows.
 
 mod abort;
+mod adopt_stale;
 mod backoff;
 mod claims;
 mod host_state;

@@ -4,18 +4,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use rand::Rng;
 use serde_json::json;
 use tracing::Instrument;
 
 use super::failure::{fail, fail_as};
 use super::phases::{PhaseFailure, plan, run_phase, run_phase_cancellable};
 use super::probe::write;
-use super::registration::{TOKEN_NAMESPACE, static_provider_id, token_secret_name};
+use super::registration::static_provider_id;
 use super::{HostActorState, target};
 use crate::actors::drift::nodeclass_hash;
 use crate::actors::events;
@@ -34,8 +32,7 @@ use crate::profile::phase::{Phase, PhaseContext, Taint};
 use crate::secret::Secret;
 use crate::ssh::{Cancel, Transport};
 
-/// Group the minted tokens authenticate as (bind it to system:node-bootstrapper).
-pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers:kpssh";
+pub use super::token::{BOOTSTRAP_GROUP, token_secret};
 
 /// Everything a launch needs, resolved before the host is touched.
 struct Plan {
@@ -50,11 +47,37 @@ pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, cla
     if state.host.claim() != Some(claim) {
         let _ = state.refresh().await;
     }
-    if state.host.claim() != Some(claim) || state.state() != HostState::Claimed {
+    if state.host.claim() != Some(claim) {
         return;
     }
     let span = state.lifecycle_span(claim);
-    traced(state, claim).instrument(span).await
+    match state.state() {
+        HostState::Claimed => traced(state, claim).instrument(span).await,
+        HostState::InUse => registered_unreported(state, claim).instrument(span).await,
+        _ => {}
+    }
+}
+
+/// S20: a launch cut short (a restart) after its join, whose Node registered before the
+/// launch was resumed: the host is InUse, the NodeClaim not yet Launched. Report it now, or
+/// the NodeClaim would never be Launched (random sweep seeds 6633, 6738).
+async fn registered_unreported<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: &ClaimRef,
+) {
+    match resolve(state, claim).await {
+        // Launched already (resolve says so with None), or gone.
+        Ok(None) => {}
+        Ok(Some(plan)) => {
+            let nodepool = crate::telemetry::lifecycle::nodepool_of(&plan.claim);
+            tracing::info!(host = %state.key(), nodeclaim = %claim.name, "resumed launch: the Node registered; reporting the NodeClaim launched");
+            report_joined(state, &plan, claim, nodepool).await;
+        }
+        // The host is in use: a configuration error now is no launch failure of it.
+        Err(f) => {
+            tracing::warn!(host = %state.key(), nodeclaim = %claim.name, error = %f.message, "resumed launch: the NodeClaim could not be reported launched")
+        }
+    }
 }
 
 /// The launch inside the claim's lifecycle span.
@@ -101,8 +124,17 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
         Ok(Launch::Unwanted) => return,
         Err(f) => return fail(state, claim, Some(&nodeclaim), f).await,
     }
-    // Joined: the host is attached (and billed) until its claim ends.
-    let vcpus = host_capacity(state, &plan)
+    report_joined(state, &plan, claim, nodepool).await;
+}
+
+/// Joined: the host is attached (and billed) until its claim ends; the NodeClaim says so.
+async fn report_joined<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    plan: &Plan,
+    claim: &ClaimRef,
+    nodepool: &str,
+) {
+    let vcpus = host_capacity(state, plan)
         .get("cpu")
         .and_then(quantity::parse)
         .map_or(0.0, |milli| milli as f64 / 1000.0);
@@ -115,7 +147,7 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
         },
     );
     for attempt in 1..=5u32 {
-        match report_launched(state, &plan).await {
+        match report_launched(state, plan).await {
             Ok(()) => break,
             Err(e) => {
                 tracing::warn!(host = %state.key(), error = %e, attempt, "launched, but the NodeClaim status was not written");
@@ -191,7 +223,7 @@ async fn install_and_join<C: Cluster, T: Transport>(
         return Ok(Launch::Unwanted);
     }
     super::registration::leave_stale_kubelet(state, &target, &plan.claim).await?;
-    let token = token(state).await.map_err(api_failure)?;
+    let token = super::token::token(state).await.map_err(api_failure)?;
     let mut ctx = plan.ctx.clone();
     ctx.bootstrap_token = Some(token);
     let claim = plan_claim_ref(plan)
@@ -486,101 +518,6 @@ pub async fn cluster_endpoint<C: Cluster>(
         .unwrap_or_default()
         .to_string();
     Ok((server, ca))
-}
-
-/// The bootstrap token for this launch, recorded in status **before** its Secret is created, so
-/// a crash in between can never orphan a token (S27). A resumed launch (S20) keeps the recorded
-/// ID but mints a new secret half and replaces the Secret: the controller may create and delete
-/// token Secrets, never read them (`get` on kube-system Secrets would let a stolen controller
-/// identity read any of them).
-async fn token<C: Cluster, T: Transport>(
-    state: &mut HostActorState<C, T>,
-) -> Result<Secret, ClusterError> {
-    let recorded = state
-        .host
-        .status
-        .as_ref()
-        .and_then(|s| s.bootstrap_token_id.clone());
-    let id = match recorded {
-        Some(id) => id,
-        None => {
-            let id = random_token_part(state, 6);
-            write(state, ProbeStamp::Keep, |s| {
-                s.bootstrap_token_id = Some(id.clone())
-            })
-            .await?;
-            id
-        }
-    };
-    let half = random_token_part(state, 16);
-    let expires = state.ctx.clock.now()
-        + jiff::SignedDuration::try_from(state.ctx.config.token_ttl)
-            .unwrap_or(jiff::SignedDuration::from_hours(1));
-    let secret = token_secret(
-        &id,
-        &half,
-        expires,
-        &format!("kpssh join of {}", state.key()),
-    );
-    match state.ctx.cluster.create(&secret).await {
-        Ok(_) => {}
-        // A previous attempt (before a restart, or a retry) created it: replace it.
-        Err(ClusterError::AlreadyExists { .. }) => {
-            state
-                .ctx
-                .cluster
-                .delete::<KubeSecret>(Some(TOKEN_NAMESPACE), &token_secret_name(&id), None)
-                .await?;
-            state.ctx.cluster.create(&secret).await?;
-        }
-        Err(e) => return Err(e),
-    }
-    Ok(Secret::new(format!("{id}.{half}")))
-}
-
-/// The `kube-system/bootstrap-token-<id>` Secret of a token `<id>.<secret>`: group
-/// [`BOOTSTRAP_GROUP`], label `app.kubernetes.io/managed-by: kpssh` (the chart's admission
-/// policy lets the controller create exactly this shape and delete only Secrets so labelled).
-pub fn token_secret(
-    id: &str,
-    secret: &str,
-    expires: jiff::Timestamp,
-    description: &str,
-) -> KubeSecret {
-    let data = |v: &str| ByteString(v.as_bytes().to_vec());
-    KubeSecret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(token_secret_name(id)),
-            namespace: Some(TOKEN_NAMESPACE.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_string(),
-                "kpssh".to_string(),
-            )])),
-            ..Default::default()
-        },
-        type_: Some("bootstrap.kubernetes.io/token".into()),
-        data: Some(BTreeMap::from([
-            ("token-id".to_string(), data(id)),
-            ("token-secret".to_string(), data(secret)),
-            (
-                "expiration".to_string(),
-                data(&expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
-            ),
-            ("usage-bootstrap-authentication".to_string(), data("true")),
-            ("usage-bootstrap-signing".to_string(), data("true")),
-            ("auth-extra-groups".to_string(), data(BOOTSTRAP_GROUP)),
-            ("description".to_string(), data(description)),
-        ])),
-        ..Default::default()
-    }
-}
-
-fn random_token_part<C: Cluster, T: Transport>(state: &HostActorState<C, T>, len: usize) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = state.ctx.rng();
-    (0..len)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect()
 }
 
 /// Write the launch result onto the NodeClaim: provider ID, capacity, allocatable, labels and

@@ -13,6 +13,7 @@ pub mod probe_clock;
 pub mod registration;
 pub mod release;
 pub mod target;
+pub mod token;
 pub mod trace;
 pub mod verified;
 
