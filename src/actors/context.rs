@@ -105,26 +105,30 @@ impl<C: Cluster, T: Transport> Context<C, T> {
 /// claim still exists (S26): a UID present here is taken as live; an absent one is confirmed
 /// against the API. A view that lags behind a deletion costs one probe interval at most, and
 /// not even that, as the router's handling of the deletion sends the holder a probe right
-/// after updating it. A running join waits on [`ClaimView::changes`] to stop when its claim
+/// after updating it. A running join waits on [`ClaimView::notified`] to stop when its claim
 /// goes (S26).
 #[derive(Clone)]
 pub struct ClaimView {
     uids: Arc<RwLock<HashMap<String, bool>>>,
-    changed: Arc<tokio::sync::watch::Sender<u64>>,
+    /// One `Notify`, not a `watch` channel: a watch wakes its waiters in an order drawn from a
+    /// thread's random source, and two joins stopped in one instant then went on in another
+    /// order in each run of the same seed; `notify_waiters` wakes them in the order they
+    /// began waiting.
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl Default for ClaimView {
     fn default() -> Self {
         ClaimView {
             uids: Arc::default(),
-            changed: Arc::new(tokio::sync::watch::Sender::new(0)),
+            changed: Arc::new(tokio::sync::Notify::new()),
         }
     }
 }
 
 impl ClaimView {
     fn bump(&self) {
-        self.changed.send_modify(|v| *v += 1);
+        self.changed.notify_waiters();
     }
 
     /// A claim seen by the watch, and whether it carries a deletion timestamp.
@@ -162,9 +166,11 @@ impl ClaimView {
         self.uids.read().unwrap_or_else(|p| p.into_inner()).get(uid) == Some(&false)
     }
 
-    /// Changes on every insertion, deletion or deletion timestamp the view records.
-    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.changed.subscribe()
+    /// Resolves at the next insertion, deletion or deletion timestamp the view records after
+    /// it was created and `enable`d (enable it before looking at the view, or a change between
+    /// the look and the wait is missed).
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
     }
 }
 
@@ -604,21 +610,28 @@ mod tests {
     #[test]
     fn claim_view_follows_inserts_removals_and_restarts() {
         let view = ClaimView::default();
-        let mut changes = view.changes();
+        let woken = |view: &ClaimView, change: &dyn Fn(&ClaimView)| {
+            let n = view.notified();
+            futures::pin_mut!(n);
+            n.as_mut().enable();
+            change(view);
+            futures::FutureExt::now_or_never(n).is_some()
+        };
         assert!(!view.contains("u1"));
-        view.insert("u1", false);
-        assert!(changes.has_changed().unwrap_or(false), "an insertion wakes");
-        changes.mark_unchanged();
-        view.insert("u1", false);
-        assert!(!changes.has_changed().unwrap_or(true), "a repeat does not");
+        assert!(
+            woken(&view, &|v| v.insert("u1", false)),
+            "an insertion wakes"
+        );
+        assert!(
+            !woken(&view, &|v| v.insert("u1", false)),
+            "a repeat does not"
+        );
         view.insert("u2", false);
         assert!(view.contains("u1") && view.contains("u2"));
         assert!(view.live("u1"));
         // A deletion timestamp: still present (not stale), no longer live; it wakes waiters.
-        changes.mark_unchanged();
-        view.insert("u1", true);
+        assert!(woken(&view, &|v| v.insert("u1", true)));
         assert!(view.contains("u1") && !view.live("u1"));
-        assert!(changes.has_changed().unwrap_or(false));
         view.remove("u1");
         assert!(!view.contains("u1") && !view.live("u1"));
         // A watch restart replaces the view: a UID deleted while the watch was down is gone.

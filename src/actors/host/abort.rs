@@ -37,14 +37,14 @@ pub async fn while_wanted<C: Cluster, T: Transport, R>(
 /// Resolves once the router's view says the claim is gone or being deleted and the API agrees
 /// (a read that fails leaves the view's word standing: it comes from the watch).
 async fn unwanted<C: Cluster, T: Transport>(ctx: &Context<C, T>, claim: &ClaimRef) {
-    let mut changes = ctx.claims.changes();
     loop {
+        let change = ctx.claims.notified();
+        tokio::pin!(change);
+        change.as_mut().enable();
         if !ctx.claims.live(&claim.uid) && !wanted(ctx, claim).await.unwrap_or(false) {
             return;
         }
-        if changes.changed().await.is_err() {
-            return std::future::pending().await;
-        }
+        change.await;
     }
 }
 
