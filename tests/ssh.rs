@@ -3,6 +3,8 @@
 //! Scenarios: S1 (TOFU pin and probe facts, knownHost wins), S2 (refused/timeouts are errors),
 //! S3 (mismatching pin fails before any session), S5 (unparsable probe output).
 
+#[path = "ssh/cancel.rs"]
+mod cancel;
 #[path = "ssh/sha1.rs"]
 mod sha1;
 #[path = "support/sshd.rs"]

@@ -11,6 +11,7 @@ pub mod disruption;
 pub mod hash_sync;
 pub mod lifecycle;
 pub mod metrics;
+pub mod nodepool_counter;
 pub mod nodepool_hash;
 pub mod nodepool_status;
 pub mod nodepool_validation;

@@ -361,11 +361,33 @@ impl SimTransport {
                 }
                 let node: Node = node_from_env(&env, &format!("sim://adopted/{address}"));
                 match this.cluster.create(&node).await {
-                    Ok(_) | Err(ClusterError::AlreadyExists { .. }) => return,
-                    Err(_) => tokio::time::sleep(Duration::from_secs(10)).await,
+                    Ok(_) => return,
+                    // A kubelet re-uses a Node of its name (nodeadm's are per machine): it
+                    // posts its status at once, Ready with a fresh heartbeat.
+                    Err(ClusterError::AlreadyExists { .. }) => {
+                        if this.post_ready(&node_name).await.is_ok() {
+                            return;
+                        }
+                    }
+                    Err(_) => {}
                 }
+                tokio::time::sleep(Duration::from_secs(10)).await;
             }
         });
+    }
+
+    /// The kubelet's status post for an existing Node: Ready, heartbeat now.
+    async fn post_ready(&self, name: &str) -> Result<(), ClusterError> {
+        let Some(mut node) = self.cluster.get::<Node>(None, name).await? else {
+            return Err(ClusterError::Transient {
+                kind: "Node".into(),
+                key: name.into(),
+                message: "gone meanwhile".into(),
+            });
+        };
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(self.cluster.clock().now());
+        super::kubelet::set_ready(&mut node, "True", at);
+        self.cluster.replace_status(&node).await.map(|_| ())
     }
 
     /// After a reboot or power return: a kubelet that came back registers its Node again.
@@ -449,6 +471,25 @@ impl Transport for SimTransport {
 }
 
 impl SimTransport {
+    /// Sleep for `d` unless `cmd` is cancelled first (then noted, and false).
+    async fn sleep_unless_cancelled(
+        &self,
+        d: Duration,
+        cmd: &RemoteCommand,
+        target: &HostTarget,
+        label: &str,
+    ) -> bool {
+        let done = tokio::select! {
+            biased;
+            () = tokio::time::sleep(d) => true,
+            () = cmd.cancel.cancelled() => false,
+        };
+        if !done {
+            self.note(&target.address, format!("{label} cancelled and killed"));
+        }
+        done
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn finish(
         &self,
@@ -466,14 +507,29 @@ impl SimTransport {
             if hang {
                 self.journal().injected_hangs += 1;
             }
-            tokio::time::sleep(cmd.timeout).await;
+            if !self
+                .sleep_unless_cancelled(cmd.timeout, cmd, target, &label)
+                .await
+            {
+                return Err(TransportError::Cancelled {
+                    host: target.host.clone(),
+                });
+            }
             self.note(&target.address, format!("{label} hung until its timeout"));
             return Err(TransportError::CommandTimeout {
                 host: target.host.clone(),
                 after: cmd.timeout,
             });
         }
-        tokio::time::sleep(latency.min(cmd.timeout)).await;
+        if !(self)
+            .sleep_unless_cancelled(latency.min(cmd.timeout), cmd, target, &label)
+            .await
+        {
+            // Killed as the real transport kills it: the run has no effect on the host.
+            return Err(TransportError::Cancelled {
+                host: target.host.clone(),
+            });
+        }
         let token = env.get("KPSSH_BOOTSTRAP_TOKEN").cloned();
         if let Some(t) = &token {
             self.journal().tokens_seen.push(t.clone());

@@ -11,6 +11,6 @@ pub mod transport;
 pub use client::{RusshTransport, TransportConfig};
 pub use probe::{ProbeError, ProbeFacts};
 pub use transport::{
-    CommandOutput, HostKeyPin, HostTarget, JumpKey, ProbeReport, RemoteCommand, Transport,
+    Cancel, CommandOutput, HostKeyPin, HostTarget, JumpKey, ProbeReport, RemoteCommand, Transport,
     TransportError,
 };

@@ -18,6 +18,7 @@ mod multinode;
 mod node_deletion;
 mod provisioning;
 mod repair;
+mod status;
 mod termination;
 
 use std::collections::BTreeMap;

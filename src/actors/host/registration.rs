@@ -10,7 +10,7 @@ use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::host::OrphanNode;
 use crate::api::karpenter::TERMINATION_FINALIZER;
-use crate::api::{ExecMode, HostState, NodeClaim};
+use crate::api::{ClaimRef, ExecMode, HostState, NodeClaim};
 use crate::k8s::{Cluster, ClusterError, EventType, finalizers};
 use crate::profile::phase::Phase;
 use crate::ssh::{HostTarget, Transport};
@@ -218,9 +218,13 @@ async fn try_node_seen<C: Cluster, T: Transport>(
         // Static: the provider ID is the host's; the kubelet registers under the claim's
         // name, or the lifecycle already registered the Node for this claim by provider ID.
         Some(p) => *p == provider_id && node_identity::is_claims(node, &claim.name, &claim.uid),
-        // Adopt: any name (nodeadm's `mi-*`, S53); the Node carries this host's IP.
-        None => crate::actors::context::internal_ips(node)
-            .contains(&state.host.node_address().to_string()),
+        // Adopt: any name (nodeadm's `mi-*`, S53); the Node carries this host's IP, and is
+        // not one an earlier claim of the host left behind (below).
+        None => {
+            crate::actors::context::internal_ips(node)
+                .contains(&state.host.node_address().to_string())
+                && registered_since(state, node, &claim).await?
+        }
     };
     if !ours {
         return Ok(());
@@ -243,6 +247,40 @@ async fn try_node_seen<C: Cluster, T: Transport>(
         adopt_into_claim(state, &claim.name, &provider_id).await?;
     }
     Ok(())
+}
+
+/// Adopt: a Node owned by no claim is this claim's only if a kubelet registered it since the
+/// claim was made: created since, or (a kubelet that re-uses an existing object, as nodeadm's
+/// per-machine names allow) its Ready heartbeat posted since. A Node an earlier claim of the
+/// host left behind (its registration not recorded before its release, so the release could
+/// not find it) carries the host's IP too, and taken for this claim it made the host InUse
+/// without a join (random sweep seeds 6633, 6738).
+async fn registered_since<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    node: &Node,
+    claim: &ClaimRef,
+) -> Result<bool, ClusterError> {
+    if node_identity::owner_claim(node) == Some(claim.uid.as_str()) {
+        return Ok(true);
+    }
+    let nc: Option<NodeClaim> = state.ctx.cluster.get(None, &claim.name).await?;
+    // The claim gone (the stale-claim check releases the host), or no timestamp (never from
+    // an API server): not known to be this claim's.
+    let Some(claim_at) = nc
+        .filter(|nc| nc.metadata.uid.as_deref() == Some(claim.uid.as_str()))
+        .and_then(|nc| nc.metadata.creation_timestamp)
+    else {
+        return Ok(false);
+    };
+    let heartbeat = (node.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|c| c.last_heartbeat_time.as_ref());
+    let since = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| t.0 >= claim_at.0;
+    Ok(
+        node.metadata.creation_timestamp.as_ref().is_some_and(since)
+            || heartbeat.is_some_and(since),
+    )
 }
 
 /// Adopt mode: the NodeClaim takes the provider ID the join mechanism gave the Node (S21).

@@ -55,6 +55,16 @@ async fn finish<C: Cluster, T: Transport>(
     delete_token(state).await?;
     let outcome = leave(state).await;
     let failure = outcome.as_ref().err().map(|f| f.message.clone());
+    // Adopt: a Node that registered while this release was queued is not recorded yet. Record
+    // it now (by IP, created since the claim), so that it goes with its claim instead of
+    // lingering for a later claim of the host to take (random sweep seeds 6633, 6738).
+    let unrecorded = (state.host.status.as_ref()).is_none_or(|s| s.provider_id.is_none());
+    if unrecorded
+        && state.state() == HostState::Claimed
+        && let Err(e) = super::registration::recheck_registration(state).await
+    {
+        tracing::warn!(host = %state.key(), error = %e, "registration not rechecked before the release");
+    }
     // The claim's Node by what identifies it, whatever its name (S53: nodeadm's `mi-*`).
     let recorded = state
         .host

@@ -170,11 +170,13 @@ async fn on_event<C: Cluster, T: Transport>(
 ) {
     match ev {
         WatchEvent::Restarted(all) => {
-            state.ctx.claims.replace_all(
-                all.iter()
-                    .filter(|c| c.is_ours())
-                    .filter_map(|c| c.metadata.uid.as_deref()),
-            );
+            state
+                .ctx
+                .claims
+                .replace_all(all.iter().filter(|c| c.is_ours()).filter_map(|c| {
+                    let deleting = c.metadata.deletion_timestamp.is_some();
+                    c.metadata.uid.as_deref().map(|u| (u, deleting))
+                }));
             state.claims = all
                 .into_iter()
                 .filter(|c| c.is_ours())
@@ -187,7 +189,8 @@ async fn on_event<C: Cluster, T: Transport>(
         }
         WatchEvent::Applied(nc) if nc.is_ours() => {
             if let Some(uid) = nc.metadata.uid.as_deref() {
-                state.ctx.claims.insert(uid);
+                let deleting = nc.metadata.deletion_timestamp.is_some();
+                state.ctx.claims.insert(uid, deleting);
             }
             let name = nc.metadata.name.clone().unwrap_or_default();
             state.claims.insert(name.clone(), nc);
