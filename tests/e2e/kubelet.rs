@@ -119,7 +119,8 @@ async fn run(sc: &Sc, host: &NodeHost, art: &Artifacts) -> Result<(), String> {
         Ok((sc.host_state(0).await? == HostState::Available).then_some(()))
     })
     .await?;
-    create_in(sc, daemonset(&sc.id, &sc.ns)).await?;
+    create_in(sc, daemonset(&sc.id, &sc.ns, "agent")).await?;
+    create_in(sc, daemonset(&sc.id, &sc.ns, "netagent")).await?;
     create_in(sc, deployment(&sc.id, &sc.ns, 1)).await?;
 
     // Cold: install and join over SSH, TLS bootstrap, Ready with kpssh's provider ID.
@@ -127,14 +128,16 @@ async fn run(sc: &Sc, host: &NodeHost, art: &Artifacts) -> Result<(), String> {
     check_bootstrap(sc, &node).await?;
     let app = running_pod(sc, &node, "app").await?;
     running_pod(sc, &node, "agent").await?;
+    running_pod(sc, &node, "netagent").await?;
     check_container_ran(host, &app)?;
     if (host.phase_runs("install"), host.phase_runs("join")) != (1, 1) {
         return Err(format!("one install and one join expected:\n{}", host.sessions()));
     }
 
-    // Demand drops: the Deployment goes to zero, the Node is empty but for the DaemonSet pod;
-    // consolidation drains it (the eviction is what removes the agent while the Node is still
-    // there), leave stops kubelet and runtime, the Node goes, the host is warm.
+    // Demand drops: the Deployment goes to zero, the Node is empty but for the DaemonSet pods;
+    // consolidation drains it (the eviction is what stops the agent while the Node is still
+    // there; the netagent tolerates the drain), leave stops kubelet, the netagent and the
+    // runtime, the Node goes, the host is warm.
     sc.scale(0).await?;
     let agent_evicted = drained(sc, &node).await?;
     if !agent_evicted {
@@ -283,12 +286,18 @@ fn deployment(id: &str, ns: &str, replicas: i32) -> Deployment {
     .expect("Deployment")
 }
 
-/// A node agent: every node of the scenario's pool runs one (what the drain has to evict).
-fn daemonset(id: &str, ns: &str) -> DaemonSet {
+/// A node agent: every node of the scenario's pool runs one. `agent` is what the drain has to
+/// evict; `netagent` tolerates every taint (as CNI agents and kube-proxy do), so the drain
+/// leaves it running and leave has to stop it.
+fn daemonset(id: &str, ns: &str, name: &str) -> DaemonSet {
+    let mut template = pod_spec(id, name);
+    if name == "netagent" {
+        template["spec"]["tolerations"] = serde_json::json!([{"operator": "Exists"}]);
+    }
     serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "agent", "namespace": ns},
-        "spec": {"selector": {"matchLabels": {"app": format!("{id}-agent")}},
-            "template": pod_spec(id, "agent")},
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"selector": {"matchLabels": {"app": format!("{id}-{name}")}},
+            "template": template},
     }))
     .expect("DaemonSet")
 }
@@ -375,7 +384,7 @@ async fn check_bootstrap(sc: &Sc, node: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The pod `name` (`app` or `agent`) Running and Ready on `node`: its container started by
+/// The pod `name` (`app`, `agent`, `netagent`) Running and Ready on `node`: its container started by
 /// containerd, its IP from the host's bridge, the kubelet's HTTP readiness probe answered.
 async fn running_pod(sc: &Sc, node: &str, name: &str) -> Result<Pod, String> {
     let label = format!("app={}-{name}", sc.id);

@@ -507,8 +507,15 @@ fn make_cgroup_root(root: &str) {
     }
 }
 
+/// The cgroup root in every hierarchy, including the hybrid layout's `unified` tree (runc
+/// mirrors the pods' cgroups there).
 fn remove_cgroup_root(root: &str) {
-    for h in hierarchies() {
+    let mut all = hierarchies();
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    if unified.join("cgroup.procs").exists() {
+        all.push(unified.to_path_buf());
+    }
+    for h in all {
         let top = h.join(root.trim_start_matches('/'));
         for _ in 0..50 {
             if !top.exists() || rmdir_tree(&top) {
