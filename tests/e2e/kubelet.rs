@@ -62,7 +62,11 @@ fn artifacts() -> Result<Artifacts, String> {
             (get("kubelet=")?, get("images=")?)
         }
     };
-    for f in [kubelet.clone(), images.join("pause.tar"), images.join("app.tar")] {
+    for f in [
+        kubelet.clone(),
+        images.join("pause.tar"),
+        images.join("app.tar"),
+    ] {
         if !f.is_file() {
             return Err(format!(
                 "E11 needs {} (scripts/node.sh builds it)",
@@ -131,7 +135,10 @@ async fn run(sc: &Sc, host: &NodeHost, art: &Artifacts) -> Result<(), String> {
     running_pod(sc, &node, "netagent").await?;
     check_container_ran(host, &app)?;
     if (host.phase_runs("install"), host.phase_runs("join")) != (1, 1) {
-        return Err(format!("one install and one join expected:\n{}", host.sessions()));
+        return Err(format!(
+            "one install and one join expected:\n{}",
+            host.sessions()
+        ));
     }
 
     // Demand drops: the Deployment goes to zero, the Node is empty but for the DaemonSet pods;
@@ -141,7 +148,9 @@ async fn run(sc: &Sc, host: &NodeHost, art: &Artifacts) -> Result<(), String> {
     sc.scale(0).await?;
     let agent_evicted = drained(sc, &node).await?;
     if !agent_evicted {
-        return Err("the DaemonSet pod still ran when its Node went: the drain did not evict it".into());
+        return Err(
+            "the DaemonSet pod still ran when its Node went: the drain did not evict it".into(),
+        );
     }
     sc.consolidated(0, &node).await?;
     if host.phase_runs("leave") != 1 {
@@ -169,7 +178,10 @@ async fn run(sc: &Sc, host: &NodeHost, art: &Artifacts) -> Result<(), String> {
     }
     running_pod(sc, &again, "app").await?;
     if (host.phase_runs("install"), host.phase_runs("join")) != (1, 2) {
-        return Err(format!("the rejoin must be warm (join only):\n{}", host.sessions()));
+        return Err(format!(
+            "the rejoin must be warm (join only):\n{}",
+            host.sessions()
+        ));
     }
     println!(
         "[{}] kubelet {} on containerd: cold join {node}, warm rejoin {again}",
@@ -328,14 +340,18 @@ async fn up(sc: &Sc, art: &Artifacts, which: &str) -> Result<String, String> {
         .await?;
     let name = node.metadata.name.clone().unwrap_or_default();
     if name != claim_name {
-        return Err(format!("Node {name} is not named after NodeClaim {claim_name}"));
+        return Err(format!(
+            "Node {name} is not named after NodeClaim {claim_name}"
+        ));
     }
     let info = node
         .status
         .as_ref()
         .and_then(|s| s.node_info.clone())
         .ok_or("the Node has no nodeInfo")?;
-    if info.kubelet_version != art.version || !info.container_runtime_version.starts_with("containerd://") {
+    if info.kubelet_version != art.version
+        || !info.container_runtime_version.starts_with("containerd://")
+    {
         return Err(format!(
             "Node {name} runs kubelet {} on {}, expected {} on containerd",
             info.kubelet_version, info.container_runtime_version, art.version
@@ -439,7 +455,9 @@ fn check_container_ran(host: &NodeHost, pod: &Pod) -> Result<(), String> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("the app container's log in {dir} lacks its line: {log:?}"));
+            return Err(format!(
+                "the app container's log in {dir} lacks its line: {log:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -484,7 +502,9 @@ async fn drained(sc: &Sc, node: &str) -> Result<bool, String> {
             return Ok(agent_gone_first);
         }
         if started.elapsed() > Duration::from_secs(180) {
-            return Err(format!("Node {node} was not drained and deleted within 180s"));
+            return Err(format!(
+                "Node {node} was not drained and deleted within 180s"
+            ));
         }
         if !sc.world.controller_running() {
             return Err("the controller process exited".into());

@@ -220,9 +220,17 @@ impl NodeHost {
             std::thread::sleep(Duration::from_millis(20));
         }
         let peer = format!("{}p", self.veth);
-        ip(&["link", "add", &self.veth, "type", "veth", "peer", "name", &peer]);
+        ip(&[
+            "link", "add", &self.veth, "type", "veth", "peer", "name", &peer,
+        ]);
         ip(&["link", "set", &peer, "netns", &pid.to_string()]);
-        ip(&["addr", "add", &format!("{}/30", self.gateway), "dev", &self.veth]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", self.gateway),
+            "dev",
+            &self.veth,
+        ]);
         ip(&["link", "set", &self.veth, "up"]);
         let log = self.dir.join("sshd.log");
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -317,7 +325,11 @@ impl NodeHost {
     pub fn private_path(&self, host_path: &str) -> PathBuf {
         for (d, target) in PRIVATE {
             if let Some(rest) = host_path.strip_prefix(target) {
-                return self.dir.join("fs").join(d).join(rest.trim_start_matches('/'));
+                return self
+                    .dir
+                    .join("fs")
+                    .join(d)
+                    .join(rest.trim_start_matches('/'));
             }
         }
         panic!("{host_path} is not in a private directory of the host");
@@ -339,8 +351,7 @@ impl NodeHost {
         let Some(child) = self.unshare.as_ref() else {
             return Vec::new();
         };
-        let Ok(ns) = std::fs::read_link(format!("/proc/{}/ns/pid_for_children", child.id()))
-        else {
+        let Ok(ns) = std::fs::read_link(format!("/proc/{}/ns/pid_for_children", child.id())) else {
             return Vec::new();
         };
         let mut out = Vec::new();
@@ -348,7 +359,11 @@ impl NodeHost {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            if std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok().as_ref() != Some(&ns) {
+            if std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+                .ok()
+                .as_ref()
+                != Some(&ns)
+            {
                 continue;
             }
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
@@ -376,8 +391,14 @@ impl NodeHost {
             self.processes()
         );
         s.push_str(&format!("  --- sessions\n{}\n", tail(&self.sessions(), 30)));
-        for log in ["/var/log/kpssh/kubelet.log", "/var/log/kpssh/containerd.log"] {
-            s.push_str(&format!("  --- {log} (tail)\n{}\n", tail(&self.read(log), 40)));
+        for log in [
+            "/var/log/kpssh/kubelet.log",
+            "/var/log/kpssh/containerd.log",
+        ] {
+            s.push_str(&format!(
+                "  --- {log} (tail)\n{}\n",
+                tail(&self.read(log), 40)
+            ));
         }
         let sshd = std::fs::read_to_string(self.dir.join("sshd.log")).unwrap_or_default();
         s.push_str(&format!("  --- sshd log (tail)\n{}\n", tail(&sshd, 10)));
@@ -390,9 +411,10 @@ impl Drop for NodeHost {
         if let Some(relay) = self.relay.take() {
             relay.stop();
         }
-        let ns = self.unshare.as_ref().and_then(|c| {
-            std::fs::read_link(format!("/proc/{}/ns/pid_for_children", c.id())).ok()
-        });
+        let ns = self
+            .unshare
+            .as_ref()
+            .and_then(|c| std::fs::read_link(format!("/proc/{}/ns/pid_for_children", c.id())).ok());
         if let Some(mut child) = self.unshare.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -465,7 +487,11 @@ fn any_in_pid_ns(ns: &Path) -> bool {
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|s| s.parse::<u32>().is_ok()))
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|s| s.parse::<u32>().is_ok())
+        })
         .any(|e| std::fs::read_link(e.path().join("ns/pid")).ok().as_deref() == Some(ns))
 }
 
@@ -496,8 +522,7 @@ fn free_pair(pid: u32, n: u32) -> (String, String) {
 fn make_cgroup_root(root: &str) {
     for h in hierarchies() {
         let dir = h.join(root.trim_start_matches('/'));
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("cgroup {}: {e}", dir.display()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cgroup {}: {e}", dir.display()));
         for f in ["cpuset.cpus", "cpuset.mems"] {
             if h.join(f).exists() && !h.join("cgroup.controllers").exists() {
                 let v = std::fs::read_to_string(h.join(f)).expect("parent cpuset");
@@ -568,7 +593,11 @@ fn ip(args: &[&str]) {
 }
 
 fn uid_of(user: &str) -> u32 {
-    let out = Command::new("id").arg("-u").arg(user).output().expect("id -u");
+    let out = Command::new("id")
+        .arg("-u")
+        .arg(user)
+        .output()
+        .expect("id -u");
     String::from_utf8_lossy(&out.stdout)
         .trim()
         .parse()
