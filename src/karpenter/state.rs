@@ -89,6 +89,14 @@ impl Touched {
     }
 }
 
+/// Whether `a` was created before `b` (both timestamps known): a claim's Node never is.
+pub fn older_than(a: &kube::api::ObjectMeta, b: &kube::api::ObjectMeta) -> bool {
+    match (&a.creation_timestamp, &b.creation_timestamp) {
+        (Some(a), Some(b)) => a.0 < b.0,
+        _ => false,
+    }
+}
+
 impl Inner {
     pub fn synced(&self) -> bool {
         self.synced >= KINDS
@@ -110,12 +118,17 @@ impl Inner {
         let pid = status.provider_id.as_deref().filter(|p| !p.is_empty())?;
         // Of the Nodes with the claim's provider ID, the one it owns, else the one named
         // after it, else one no claim owns; never one another claim owns (an earlier claim
-        // of the same machine whose Node is still there).
+        // of the same machine whose Node is still there), nor one created before the claim
+        // (an earlier claim's, left behind: its old NotReady made repair delete a fresh
+        // claim, seed 9437).
         let uid = nc.metadata.uid.as_deref();
         let claim = nc.metadata.name.as_deref();
         (self.nodes_by_provider.get(pid).into_iter().flatten())
             .filter_map(|name| {
                 let node = self.nodes.get(name)?;
+                if older_than(&node.metadata, &nc.metadata) {
+                    return None;
+                }
                 let owner = (node.metadata.owner_references.iter().flatten())
                     .find(|o| o.kind == "NodeClaim")
                     .map(|o| o.uid.as_str());
@@ -790,6 +803,33 @@ mod tests {
         assert_eq!(
             st.touched_claims.lifecycle,
             BTreeSet::from(["a".to_string()])
+        );
+    }
+
+    /// Seed 9437: the Node of an earlier claim of the machine, left behind owned by no claim
+    /// and NotReady for 45 minutes, was taken for a fresh claim's, and repair deleted that.
+    /// A Node created before the claim is never its Node.
+    #[test]
+    fn a_claim_is_never_given_a_node_older_than_itself() {
+        let at = |s: &str| Some(Time(s.parse().expect("time")));
+        let mut nc = claim("new", 1, Some("p://m"));
+        nc.metadata.creation_timestamp = at("2026-01-01T01:00:00Z");
+        let mut st = Inner::default();
+        let mut old = node("stale", 2, "p://m");
+        old.metadata.creation_timestamp = at("2026-01-01T00:05:00Z");
+        apply_node(&mut st, Change::Upsert(old), now());
+        assert!(
+            st.node_of(&nc).is_none(),
+            "the stale Node is not the claim's"
+        );
+        let mut fresh = node("mi-1", 3, "p://m");
+        fresh.metadata.creation_timestamp = at("2026-01-01T01:00:00Z");
+        apply_node(&mut st, Change::Upsert(fresh), now());
+        let name = st.node_of(&nc).and_then(|n| n.metadata.name.clone());
+        assert_eq!(
+            name.as_deref(),
+            Some("mi-1"),
+            "created with the claim: its Node"
         );
     }
 

@@ -7,6 +7,7 @@
 //! that only the host side can see).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -133,6 +134,24 @@ pub struct SimTransport {
     /// Node name → addresses of every host that ever joined as it: the candidates
     /// `kubelet_host` looks at, instead of every host of the fleet per deleted Node.
     joined_as: Arc<Mutex<HashMap<String, Vec<String>>>>,
+    /// Leaves running on hosts now, fleet-wide (each holds one of the controller's leave
+    /// slots).
+    leaves_running: Arc<AtomicUsize>,
+}
+
+/// Marks a leave running on a host (and counts it) until dropped: also when the controller's
+/// task running it is aborted (a crash).
+struct LeaveRunning<'a> {
+    transport: &'a SimTransport,
+    address: String,
+}
+
+impl Drop for LeaveRunning<'_> {
+    fn drop(&mut self) {
+        self.transport
+            .with(&self.address, |h| h.leave_in_flight = false);
+        self.transport.leaves_running.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl SimTransport {
@@ -145,7 +164,13 @@ impl SimTransport {
             journal: Arc::new(Mutex::new(Journal::default())),
             origin: tokio::time::Instant::now(),
             joined_as: Arc::new(Mutex::new(HashMap::new())),
+            leaves_running: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Leaves running on hosts now, fleet-wide.
+    pub fn leaves_running(&self) -> usize {
+        self.leaves_running.load(Ordering::SeqCst)
     }
 
     /// Reseed the hosts' random source (latencies, failures, hangs).
@@ -444,27 +469,29 @@ impl Transport for SimTransport {
             tokio::time::sleep(host.handshake_delay).await;
         }
         let env = parse_exports(&stdin);
-        if phase == Some(SimPhase::Leave) {
+        let _leave = if phase == Some(SimPhase::Leave) {
             self.check_leave_fence(target).await;
             self.with(&target.address, |h| h.leave_in_flight = true);
-        }
+            self.leaves_running.fetch_add(1, Ordering::SeqCst);
+            Some(LeaveRunning {
+                transport: self,
+                address: target.address.clone(),
+            })
+        } else {
+            None
+        };
         let (hang, injected_exit, latency) = self.outcome(&host, phase);
-        let result = self
-            .finish(
-                target,
-                &host,
-                &cmd,
-                phase,
-                env,
-                hang,
-                injected_exit,
-                latency,
-            )
-            .await;
-        if phase == Some(SimPhase::Leave) {
-            self.with(&target.address, |h| h.leave_in_flight = false);
-        }
-        result
+        self.finish(
+            target,
+            &host,
+            &cmd,
+            phase,
+            env,
+            hang,
+            injected_exit,
+            latency,
+        )
+        .await
     }
 
     async fn forget(&self, _host: &str) {}

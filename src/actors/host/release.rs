@@ -4,7 +4,7 @@
 use super::HostActorState;
 use super::node_identity::{self, Identity};
 use super::probe::write;
-use super::registration::{delete_node, delete_token, leave, orphan_record};
+use super::registration::{delete_node, delete_token, leave, orphan_record, unrecorded_node};
 use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::{ClaimRef, HostState};
@@ -77,7 +77,12 @@ async fn finish<C: Cluster, T: Transport>(
         provider_id: recorded.as_deref(),
         node_ip: Some(state.host.node_address()),
     };
-    let node = node_identity::find(&state.ctx, &identity).await?;
+    let node = match (node_identity::find(&state.ctx, &identity).await?, &recorded) {
+        (Some(node), _) => Some(node),
+        // Adopt: the Node registered, but its event has not reached this host yet.
+        (None, None) => unrecorded_node(state, claim).await?,
+        (None, Some(_)) => None,
+    };
     // The kubelet may still run after a failed leave: the Node stays until a probe shows it
     // stopped, recorded in the status (a restart must not forget it, its finalizer held).
     let orphan = node

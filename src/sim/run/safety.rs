@@ -34,6 +34,7 @@ use crate::clock::Clock;
 use crate::k8s::{Cluster, MemoryCluster, WatchEvent, WatchStream};
 use crate::karpenter::disruption::repair::REPAIR;
 use crate::karpenter::lifecycle::node_ready;
+use crate::karpenter::state::older_than;
 use crate::karpenter::termination::deadline::{Recorded, pod_delete_at, recorded};
 use crate::karpenter::{DISRUPTION_ANNOTATION, pods};
 use crate::sim::transport::SimTransport;
@@ -290,18 +291,60 @@ impl Checker {
         }
     }
 
-    /// The NodeClaim whose Node is `node` (by `status.nodeName`, else by name).
+    /// The NodeClaim whose Node is `node`: the one its owner reference names, else the one
+    /// whose `status.nodeName` it is, else the one whose Node it is by provider ID (a claim
+    /// deleted before registration recorded the name: core finds Nodes by provider ID), else
+    /// the one it is named after.
     fn claim_of_node(&self, node: &str) -> Option<&Arc<NodeClaim>> {
-        (self.claims.values())
-            .find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        let n = self.nodes.get(node);
+        let owner = n.and_then(|n| owner_uid(n));
+        let by_owner = owner.and_then(|uid| {
+            (self.claims.values()).find(|c| c.metadata.uid.as_deref() == Some(uid))
+        });
+        by_owner
+            .or_else(|| {
+                (self.claims.values())
+                    .find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            })
+            .or_else(|| {
+                (self.claims.values()).find(|c| {
+                    provider_id_of_claim(c).is_some()
+                        && self
+                            .node_of_claim(c)
+                            .and_then(|m| m.metadata.name.as_deref())
+                            == Some(node)
+                })
+            })
             .or_else(|| self.claims.get(node))
     }
 
+    /// The Node of a NodeClaim: by `status.nodeName`, else of the Nodes with its provider ID
+    /// (nodeadm and Adopt name a Node after the machine) the one it owns, else one named after
+    /// it, else one no claim owns, never one created before the claim (an earlier claim's
+    /// left behind), else the one named after it.
     fn node_of_claim(&self, nc: &NodeClaim) -> Option<&Arc<Node>> {
         let by_status = nc.status.as_ref().and_then(|s| s.node_name.as_deref());
-        by_status
-            .and_then(|n| self.nodes.get(n))
-            .or_else(|| self.nodes.get(&name_of(&nc.metadata)))
+        if let Some(n) = by_status.and_then(|n| self.nodes.get(n)) {
+            return Some(n);
+        }
+        let name = name_of(&nc.metadata);
+        let by_provider = provider_id_of_claim(nc).and_then(|pid| {
+            (self.nodes.values())
+                .filter(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
+                .filter(|n| !older_than(&n.metadata, &nc.metadata))
+                .filter_map(|n| {
+                    let rank = match owner_uid(n) {
+                        Some(o) if Some(o) == nc.metadata.uid.as_deref() => 0,
+                        Some(_) => return None,
+                        None if name_of(&n.metadata) == name => 1,
+                        None => 2,
+                    };
+                    Some((rank, n))
+                })
+                .min_by_key(|(rank, _)| *rank)
+                .map(|(_, n)| n)
+        });
+        by_provider.or_else(|| self.nodes.get(&name))
     }
 
     /// Whether the pod's NodeClaim deadline (terminationGracePeriod) lets it go now.
@@ -482,6 +525,19 @@ impl Checker {
             );
         }
     }
+}
+
+/// The UID of the NodeClaim a Node's owner reference names.
+fn owner_uid(n: &Node) -> Option<&str> {
+    (n.metadata.owner_references.iter().flatten())
+        .find(|o| o.kind == "NodeClaim")
+        .map(|o| o.uid.as_str())
+}
+
+fn provider_id_of_claim(nc: &NodeClaim) -> Option<&str> {
+    (nc.status.as_ref())
+        .and_then(|s| s.provider_id.as_deref())
+        .filter(|p| !p.is_empty())
 }
 
 fn key(m: &kube::api::ObjectMeta) -> String {
@@ -691,6 +747,53 @@ mod tests {
             .expect("f");
         b.settle().await;
         assert_eq!(b.found().len(), 3, "{:?}", b.found());
+    }
+
+    /// Seeds 1057, 2228, 3572, 9513 and more: nodeadm names the Node after the machine, and a
+    /// claim deleted before registration recorded `status.nodeName` is tied to its Node by
+    /// provider ID only (as core ties them). Its deadline must still exempt the pods the
+    /// terminationGracePeriod deletes; the checker found no claim and blamed the controller.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_is_found_by_provider_id_for_its_deadline() {
+        let b = bench().await;
+        b.cluster.create(&max_unavailable(0)).await.expect("pdb");
+        let mut n = Node::default();
+        n.metadata.name = Some("mi-7".into());
+        n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            provider_id: Some("sim://adopted/10.0.0.7".into()),
+            ..Default::default()
+        });
+        b.cluster.create(&n).await.expect("node");
+        let mut nc = node_claim("c7", "class", "1", "1Gi");
+        nc.metadata.annotations = Some(std::collections::BTreeMap::from([(
+            "karpenter.sh/nodeclaim-termination-timestamp".to_string(),
+            "2026-01-01T00:00:00Z".to_string(),
+        )]));
+        let mut nc = b.cluster.create(&nc).await.expect("claim");
+        nc.status.get_or_insert_with(Default::default).provider_id =
+            Some("sim://adopted/10.0.0.7".into());
+        b.cluster.replace_status(&nc).await.expect("provider id");
+        b.pod("a", "mi-7", true).await;
+        b.settle().await;
+        b.cluster
+            .delete::<Pod>(Some("default"), "a", None)
+            .await
+            .expect("a");
+        b.settle().await;
+        assert!(b.found().is_empty(), "past the deadline: {:?}", b.found());
+        // The same pod on a Node of that provider ID created before the claim is not its.
+        let mut old = n.clone();
+        old.metadata.name = Some("mi-old".into());
+        old.metadata.creation_timestamp = Some(Time("2025-12-31T00:00:00Z".parse().expect("t")));
+        b.cluster.create(&old).await.expect("old node");
+        b.pod("b", "mi-old", false).await;
+        b.settle().await;
+        b.cluster
+            .delete::<Pod>(Some("default"), "b", None)
+            .await
+            .expect("b");
+        b.settle().await;
+        assert_eq!(b.found().len(), 1, "{:?}", b.found());
     }
 
     /// Deleting a Node with a PDB-covered or do-not-disrupt pod on it loses them: both
