@@ -119,7 +119,9 @@ async fn s53_adopted_node_with_its_own_name_is_drained_deleted_and_the_host_retu
 /// runs while the kubelet registers the Node, before the host has seen that Node (so no
 /// provider ID is recorded). The release must still find the Node and delete it: left behind,
 /// owned by no claim, carrying the machine's provider ID, it stayed NotReady for good and node
-/// repair took it for the next claim's Node.
+/// repair took it for the next claim's Node. Two checks of the release cover it (the recheck of
+/// registration while still Claimed, seeds 6633/6738, and `unrecorded_node`, seed 9437): the
+/// test fails only with both removed.
 #[tokio::test(start_paused = true)]
 async fn a_claim_deleted_during_its_adopt_join_leaves_no_node_behind() {
     let e = env().await;
@@ -141,14 +143,15 @@ async fn a_claim_deleted_during_its_adopt_join_leaves_no_node_behind() {
         .create(&pod("web-0", "500m", "256Mi"))
         .await
         .expect("pod");
-    // Delete the claim once its install is done and its join runs.
-    let installed = || {
+    // Delete the claim right after its join finished (a join still running is killed once its
+    // claim is gone, token-lifetime), before the host has seen the Node the kubelet registers.
+    let joined = || {
         e.w.transport.with("10.68.0.1", |h| {
-            (h.log.iter()).any(|r| r.phase == Some(kpssh::sim::SimPhase::Install))
+            (h.log.iter()).any(|r| r.phase == Some(kpssh::sim::SimPhase::Join))
         }) == Some(true)
     };
-    let joining = e.w.until(3 * MINUTE, || async { installed() }).await;
-    assert!(joining, "installed: {:?}", host_states(&e).await);
+    let done = e.w.until(3 * MINUTE, || async { joined() }).await;
+    assert!(done, "joined: {:?}", host_states(&e).await);
     let name = claims(&e).await[0].metadata.name.clone().expect("name");
     e.w.cluster
         .delete::<NodeClaim>(None, &name, None)
@@ -163,10 +166,6 @@ async fn a_claim_deleted_during_its_adopt_join_leaves_no_node_behind() {
         })
         .await;
     assert!(gone, "the claim was released");
-    let joined = e.w.transport.with("10.68.0.1", |h| {
-        (h.log.iter()).any(|r| r.phase == Some(kpssh::sim::SimPhase::Join))
-    });
-    assert_eq!(joined, Some(true), "the join ran after the deletion");
     tokio::time::sleep(2 * MINUTE).await;
     let nodes: Vec<Node> = e.w.cluster.list(None, None).await.expect("nodes");
     let left: Vec<_> = (nodes.iter())
