@@ -459,19 +459,18 @@ impl Transport for SimTransport {
             None
         };
         let (hang, injected_exit, latency) = self.outcome(&host, phase);
-        let result = self
-            .finish(
-                target,
-                &host,
-                &cmd,
-                phase,
-                env,
-                hang,
-                injected_exit,
-                latency,
-            )
-            .await;
-        result
+        // `_leave` drops after the leave returns.
+        self.finish(
+            target,
+            &host,
+            &cmd,
+            phase,
+            env,
+            hang,
+            injected_exit,
+            latency,
+        )
+        .await
     }
 
     async fn forget(&self, _host: &str) {}

@@ -136,10 +136,7 @@ async fn a_claim_deleted_during_its_adopt_join_leaves_no_node_behind() {
     sim.phase_latency = std::time::Duration::from_secs(20);
     e.w.add_host("h000", "small", sim).await.expect("host");
     wait_available(&e, 1).await;
-    e.w.cluster
-        .create(&nodepool("default"))
-        .await
-        .expect("np");
+    e.w.cluster.create(&nodepool("default")).await.expect("np");
     e.w.cluster
         .create(&pod("web-0", "500m", "256Mi"))
         .await
@@ -159,7 +156,10 @@ async fn a_claim_deleted_during_its_adopt_join_leaves_no_node_behind() {
         .expect("delete claim");
     let gone =
         e.w.until(5 * MINUTE, || async {
-            claims(&e).await.iter().all(|c| c.metadata.name.as_deref() != Some(name.as_str()))
+            claims(&e)
+                .await
+                .iter()
+                .all(|c| c.metadata.name.as_deref() != Some(name.as_str()))
         })
         .await;
     assert!(gone, "the claim was released");

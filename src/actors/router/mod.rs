@@ -312,8 +312,7 @@ async fn terminate<C: Cluster, T: Transport>(
         // were deleted, and they stayed bound to the Node). Without a grace period a drain
         // blocked by a PDB or a do-not-disrupt pod holds the host for as long as it takes,
         // as in core.
-        let drain_pending =
-            !drained(nc) && claim_node_exists(&state.ctx, nc, &host).await?;
+        let drain_pending = !drained(nc) && claim_node_exists(&state.ctx, nc, &host).await?;
         if drain_pending {
             state.waiting.insert(name);
             return Ok(());
