@@ -230,7 +230,9 @@ impl<C: Cluster, T: Transport> Controller<C, T> {
         // state: before, a pool would be written with fewer nodes than it has.
         let (pools, usage): (Vec<NodePool>, _) = {
             let st = self.state.read();
-            let usage = st.synced().then(|| nodepool_counter::pool_resources(&st));
+            // No NodePool (node demand alone): nothing to count for.
+            let counting = st.synced() && !st.nodepools.is_empty();
+            let usage = counting.then(|| nodepool_counter::pool_resources(&st));
             (st.nodepools.values().cloned().collect(), usage)
         };
         self.seen.retain(|n, _| {
