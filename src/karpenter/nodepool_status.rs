@@ -151,6 +151,7 @@ pub fn spawn<C: Cluster, T: Transport>(
             synced: false,
             seen: BTreeMap::new(),
             written: BTreeMap::new(),
+            done: None,
         };
         let mut watch = ctl.ctx.cluster.watch::<SSHNodeClass>(None);
         let mut tick = tokio::time::interval(cfg.reconcile_interval);
@@ -174,8 +175,16 @@ pub fn spawn<C: Cluster, T: Transport>(
             if !ctl.synced {
                 continue;
             }
-            if let Err(e) = ctl.reconcile().await {
-                tracing::debug!(error = %e, "NodePool status not written; will retry");
+            // The status follows from the cluster state and the node classes alone: a round
+            // after which neither moved writes nothing (the simulation ran it 3,600 times an
+            // hour for nothing).
+            let at = ctl.state.read().changes;
+            if ctl.done == Some(at) {
+                continue;
+            }
+            match ctl.reconcile().await {
+                Ok(()) => ctl.done = Some(at),
+                Err(e) => tracing::debug!(error = %e, "NodePool status not written; will retry"),
             }
         }
     })
@@ -192,12 +201,15 @@ struct Controller<C: Cluster, T: Transport> {
     /// Per NodePool, the resources and node count last patched, with the pool's
     /// resourceVersion then: not sent again before the watch brings the pool back.
     written: BTreeMap<String, Written>,
+    /// The state's change count a round last succeeded at (`None`: a class changed since).
+    done: Option<u64>,
 }
 
 type Written = (Option<String>, BTreeMap<String, Quantity>, Option<i64>);
 
 impl<C: Cluster, T: Transport> Controller<C, T> {
     fn class_event(&mut self, ev: WatchEvent<SSHNodeClass>) {
+        self.done = None;
         let name = |c: &SSHNodeClass| c.metadata.name.clone().unwrap_or_default();
         match ev {
             WatchEvent::Restarted(all) => {
@@ -218,7 +230,9 @@ impl<C: Cluster, T: Transport> Controller<C, T> {
         // state: before, a pool would be written with fewer nodes than it has.
         let (pools, usage): (Vec<NodePool>, _) = {
             let st = self.state.read();
-            let usage = st.synced().then(|| nodepool_counter::pool_resources(&st));
+            // No NodePool (node demand alone): nothing to count for.
+            let counting = st.synced() && !st.nodepools.is_empty();
+            let usage = counting.then(|| nodepool_counter::pool_resources(&st));
             (st.nodepools.values().cloned().collect(), usage)
         };
         self.seen.retain(|n, _| {

@@ -86,7 +86,16 @@ pub struct PodInfo {
 
 impl PodInfo {
     pub fn new(p: &Pod) -> PodInfo {
-        let spec = p.spec.clone().unwrap_or_default();
+        // Borrowed: every scheduling round builds this for every pod (cloning the spec, with
+        // its containers, was most of the cost).
+        let empty;
+        let spec = match &p.spec {
+            Some(s) => s,
+            None => {
+                empty = k8s_openapi::api::core::v1::PodSpec::default();
+                &empty
+            }
+        };
         let mut unsupported = None;
         let mut terms = vec![];
         let mut anti = vec![];
@@ -178,7 +187,7 @@ impl PodInfo {
             tolerations: spec.tolerations.clone().unwrap_or_default(),
             anti,
             spread,
-            host_ports: host_ports(&spec),
+            host_ports: host_ports(spec),
             claims,
             volume_terms: vec![],
             unsupported,

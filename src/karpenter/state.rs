@@ -65,6 +65,9 @@ pub struct Inner {
     claims_by_provider: BTreeMap<String, String>,
     /// Kinds whose first list arrived.
     pub synced: u8,
+    /// Bumped after every watch event applied: a controller whose output depends on the state
+    /// alone skips a round when it has not moved.
+    pub changes: u64,
 }
 
 const KINDS: u8 = 6;
@@ -299,6 +302,7 @@ impl ClusterState {
                         WatchEvent::Applied(o) => apply(&mut st, Change::Upsert(o), now),
                         WatchEvent::Deleted(o) => apply(&mut st, Change::Delete(o), now),
                     }
+                    st.changes += 1;
                 }
                 me.changed.notify_waiters();
             }
