@@ -1073,7 +1073,7 @@ fn full_exposition() -> String {
     // S59: Karpenter core's families (the scrape-time gauges come from the karpenter layer's
     // state in a live controller; set here directly).
     {
-        use kpssh::karpenter::metrics::{PodLabels, PoolReasonLabels, PoolResourceLabels};
+        use kpssh::telemetry::core_metrics::{PodLabels, PoolReasonLabels, PoolResourceLabels};
         let nc = kpssh::sim::world::node_claim("default-1", "pool", "1", "1Gi");
         m.core.created("provisioned", "default");
         m.core.disrupted("Underutilized", &nc);
@@ -1081,7 +1081,7 @@ fn full_exposition() -> String {
         m.core.decision("delete", "Underutilized", "multi");
         m.core
             .eligible_nodes
-            .get_or_create(&kpssh::karpenter::metrics::ReasonLabels {
+            .get_or_create(&kpssh::telemetry::core_metrics::ReasonLabels {
                 reason: "underutilized".into(),
             })
             .set(1);

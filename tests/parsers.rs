@@ -22,7 +22,7 @@ mod sshd;
 
 use std::collections::BTreeMap;
 
-use kpssh::karpenter::quantity::{MAX_MILLI, parse_checked};
+use kpssh::api::quantity::{MAX_MILLI, parse_checked};
 use kpssh::profile::template::{ContextData, Template, Value};
 use kpssh::profile::verified::sshsig::parse_armored;
 use kpssh::profile::verified::{Envelope, Params};

@@ -424,8 +424,7 @@ async fn orphan_node_is_deleted_after_a_controller_restart(
     // (The karpenter layer, not running here, would mark the claim drained first.)
     o.fail_leave(true);
     let claims: Api<NodeClaim> = Api::all(pool.client.clone());
-    let drained =
-        json!({"metadata": {"annotations": {kpssh::karpenter::DRAINED_ANNOTATION: "true"}}});
+    let drained = json!({"metadata": {"annotations": {kpssh::api::DRAINED_ANNOTATION: "true"}}});
     claims
         .patch(CLAIM, &PatchParams::default(), &Patch::Merge(&drained))
         .await

@@ -1,5 +1,5 @@
 //! Prometheus metrics. Names kept from the Go provider (DESIGN §1) plus kpssh's own, and
-//! Karpenter core's (`karpenter_*`, [`crate::karpenter::metrics`]). The Go
+//! Karpenter core's (`karpenter_*`, [`crate::telemetry::core_metrics`]). The Go
 //! provider's four series also keep its label values (`outcome` `success` | `error`, zombie
 //! `action` `left` | `parked_foreign` | `leave_failed`) and its histogram buckets
 //! ([`SSH_BUCKETS`]), so that dashboards and alerts written for it keep working.
@@ -117,7 +117,7 @@ pub struct Metrics {
     /// S63: hosts whose launch backoff runs now, by class (set at scrape time).
     pub hosts_backing_off: Family<ClassLabels, Gauge>,
     /// S59: Karpenter core's `karpenter_*` metrics, beside these.
-    pub core: crate::karpenter::metrics::CoreMetrics,
+    pub core: crate::telemetry::core_metrics::CoreMetrics,
     /// Claim UID → its billing line.
     billing: Mutex<BTreeMap<String, Billing>>,
     /// NodePools ever billed, kept at zero when empty (flat lines, not gaps).
@@ -285,7 +285,7 @@ impl Metrics {
             cost_per_hour,
             launch_failures,
             hosts_backing_off,
-            core: crate::karpenter::metrics::CoreMetrics::new(),
+            core: crate::telemetry::core_metrics::CoreMetrics::new(),
             billing: Mutex::new(BTreeMap::new()),
             billed_pools: Mutex::new(BTreeSet::new()),
             pending_since: Mutex::new(BTreeMap::new()),

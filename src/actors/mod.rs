@@ -7,7 +7,6 @@ pub mod availability;
 pub mod config;
 pub mod context;
 pub mod drift;
-pub mod events;
 pub mod host;
 pub mod launches;
 pub mod limits;

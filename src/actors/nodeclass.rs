@@ -10,11 +10,11 @@ use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use super::Context;
-use super::host::launch::upsert_condition;
 use super::host::phases::profile_source;
 use super::router::instance_types::{ClassSelector, usable};
 use crate::api::nodeclass::reason;
 use crate::api::{NodeClaim, SSHJoinProfile, SSHNodeClass, TERMINATION_FINALIZER};
+use crate::k8s::conditions::upsert_condition;
 use crate::k8s::{Cluster, ClusterError, WatchEvent, finalizers};
 use crate::profile::validate_profile;
 use crate::ssh::Transport;
@@ -422,7 +422,7 @@ async fn reconcile_class<C: Cluster, T: Transport>(
         if !ok && before.as_deref() != Some(why) {
             // One event per change of reason: a class that stops launching says why.
             tracing::info!(nodeclass = %name, reason = why, %message, "node class not Ready");
-            crate::actors::events::record(
+            crate::k8s::events::record(
                 &state.ctx.cluster,
                 &updated,
                 crate::k8s::EventType::Warning,

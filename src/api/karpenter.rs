@@ -274,3 +274,36 @@ impl NodePool {
         self.spec.template.spec.node_class_ref.is_ours()
     }
 }
+
+/// The instance type of a NodeClaim: the one its requirements pin, else the one it was
+/// launched as (its label), else the first (cheapest) it lists (S55: a claim with `minValues`
+/// lists several).
+pub fn claim_type(nc: &NodeClaim) -> Option<String> {
+    let listed = claim_types(nc);
+    if let [only] = listed.as_slice() {
+        return Some(only.clone());
+    }
+    nc.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(INSTANCE_TYPE_LABEL).cloned())
+        .or_else(|| listed.first().cloned())
+}
+
+/// The instance types a NodeClaim admits (its `In` requirement on the instance type, cheapest
+/// first as provisioning writes them), or the one it is labelled with.
+pub fn claim_types(nc: &NodeClaim) -> Vec<String> {
+    nc.spec
+        .requirements
+        .iter()
+        .find(|r| r.key == INSTANCE_TYPE_LABEL && r.operator == "In" && !r.values.is_empty())
+        .map(|r| r.values.clone())
+        .or_else(|| {
+            nc.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(INSTANCE_TYPE_LABEL).cloned())
+                .map(|t| vec![t])
+        })
+        .unwrap_or_default()
+}

@@ -7,6 +7,8 @@ pub mod host;
 pub mod karpenter;
 pub mod nodeclass;
 pub mod profile;
+pub mod quantity;
+pub mod requirements;
 
 pub use host::{
     ClaimRef, ExecMode, HostState, LaunchBackoff, LaunchFailure, ProxyJump, SSHHost, SSHHostSpec,
@@ -33,5 +35,10 @@ pub const NODECLASS_HASH_ANNOTATION: &str = "karpenter.dklesev.github.io/nodecla
 pub const NODECLASS_HASH_VERSION_ANNOTATION: &str =
     "karpenter.dklesev.github.io/nodeclass-hash-version";
 pub const NODECLASS_HASH_VERSION: &str = "v1";
+/// Annotation the termination controller sets on a NodeClaim once its Node is drained: the
+/// router's Release (leave) should wait for it (see docs/concepts.md).
+pub const DRAINED_ANNOTATION: &str = "karpenter.dklesev.github.io/drained";
+/// Annotation naming why a NodeClaim is being voluntarily disrupted (set before the drain).
+pub const DISRUPTION_ANNOTATION: &str = "karpenter.dklesev.github.io/disruption-reason";
 /// Default pool namespace holding every SSHHost and its key Secret.
 pub const DEFAULT_POOL_NAMESPACE: &str = "kpssh-system";

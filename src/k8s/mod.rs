@@ -3,7 +3,9 @@
 
 pub mod cluster;
 pub mod cluster_info;
+pub mod conditions;
 pub mod error;
+pub mod events;
 pub mod finalizers;
 pub mod kube_cluster;
 pub mod leader;

@@ -14,12 +14,12 @@ use tokio::task::JoinHandle;
 use super::state::ClusterState;
 use super::{KarpenterConfig, KarpenterError};
 use crate::actors::Context;
-use crate::actors::events;
-use crate::actors::host::launch::upsert_condition;
 use crate::api::NodeClaim;
 use crate::api::karpenter::{
     INITIALIZED_LABEL, REGISTERED_LABEL, TERMINATION_FINALIZER, UNREGISTERED_TAINT_KEY,
 };
+use crate::k8s::conditions::upsert_condition;
+use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 

@@ -18,9 +18,7 @@ pub mod nodepool_validation;
 pub mod pod_events;
 pub mod pods;
 pub mod provisioning;
-pub mod quantity;
 pub mod scheduling;
-pub mod sim_scheduler;
 pub mod state;
 pub mod taint_gates;
 pub mod termination;
@@ -34,12 +32,6 @@ use crate::actors::Context;
 use crate::actors::router::instance_types::InstanceTypeError;
 use crate::k8s::{Cluster, ClusterError};
 use crate::ssh::Transport;
-
-/// Annotation the termination controller sets on a NodeClaim once its Node is drained: the
-/// router's Release (leave) should wait for it (see docs/concepts.md).
-pub const DRAINED_ANNOTATION: &str = "karpenter.dklesev.github.io/drained";
-/// Annotation naming why a NodeClaim is being voluntarily disrupted (set before the drain).
-pub const DISRUPTION_ANNOTATION: &str = "karpenter.dklesev.github.io/disruption-reason";
 
 /// Errors of the karpenter layer.
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +138,7 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
     config: KarpenterConfig,
 ) -> Result<KarpenterHandles, KarpenterError> {
     let state = state::ClusterState::new(ctx.clock.clone());
-    ctx.metrics.core.watch_state(state.clone());
+    ctx.metrics.core.watch(std::sync::Arc::new(state.clone()));
     let mut tasks = state.start(&ctx.cluster);
     // Wait for the first list of every kind so no controller acts on a partial view.
     while !state.read().synced() {

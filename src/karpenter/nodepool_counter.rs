@@ -16,11 +16,11 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Map, Value, json};
 
-use super::DISRUPTION_ANNOTATION;
 use super::lifecycle::condition_true;
-use super::quantity;
 use super::state::Inner;
+use crate::api::DISRUPTION_ANNOTATION;
 use crate::api::karpenter::{INITIALIZED_LABEL, NODEPOOL_LABEL};
+use crate::api::quantity;
 use crate::api::{NodeClaim, NodePool};
 
 /// The `nodes` resource (core's `resources.Node`).

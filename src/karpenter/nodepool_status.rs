@@ -26,8 +26,8 @@ use super::nodepool_counter;
 use super::nodepool_validation::validate;
 use super::state::ClusterState;
 use crate::actors::Context;
-use crate::actors::host::launch::upsert_condition;
 use crate::api::{NodePool, SSHNodeClass};
+use crate::k8s::conditions::upsert_condition;
 use crate::k8s::{Cluster, ClusterError, EventType, WatchEvent};
 use crate::ssh::Transport;
 
@@ -327,7 +327,7 @@ impl<C: Cluster, T: Transport> Controller<C, T> {
                 continue;
             }
             tracing::warn!(nodepool = %name, condition = v.type_, reason = %v.reason, message = %v.message, "NodePool not Ready");
-            crate::actors::events::record(
+            crate::k8s::events::record(
                 &self.ctx.cluster,
                 pool,
                 EventType::Warning,

@@ -10,9 +10,9 @@
 
 use std::collections::BTreeSet;
 
-use crate::actors::router::requirements::{NORMALIZED_LABELS, WELL_KNOWN_LABELS};
 use crate::api::NodePool;
 use crate::api::karpenter::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL, NodeSelectorRequirement};
+use crate::api::requirements::{NORMALIZED_LABELS, WELL_KNOWN_LABELS};
 use k8s_openapi::api::core::v1::Taint;
 
 /// Operators a NodePool requirement may use (core's `SupportedNodeSelectorOps`).

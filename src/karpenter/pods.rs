@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, ResourceRequirements};
 
-use super::quantity;
 use crate::api::karpenter::DO_NOT_DISRUPT_ANNOTATION;
+use crate::api::quantity;
 
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// The priority classes a drain leaves for last (as the kubelet's graceful node shutdown).

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
 use kube::core::{Selector, SelectorExt};
 
 use super::pods;
-use crate::actors::router::requirements;
 use crate::api::karpenter::NodeSelectorRequirement;
+use crate::api::requirements;
 
 pub const HOSTNAME_KEY: &str = "kubernetes.io/hostname";
 

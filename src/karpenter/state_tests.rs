@@ -338,7 +338,7 @@ fn termination_work_list_follows_deletion_and_drain() {
     let mut drained = deleting;
     drained.metadata.resource_version = Some("3".into());
     drained.metadata.annotations = Some(BTreeMap::from([(
-        crate::karpenter::DRAINED_ANNOTATION.to_string(),
+        crate::api::DRAINED_ANNOTATION.to_string(),
         "true".to_string(),
     )]));
     apply_nodeclaim(&mut st, Change::Upsert(Arc::new(drained)), now());

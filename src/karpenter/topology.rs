@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use kube::core::{Selector, SelectorExt};
 
 use super::scheduling::{HOSTNAME_KEY, PodInfo, tolerates_all};
-use crate::actors::router::requirements::{Requirement, Requirements};
 use crate::api::karpenter::NodeSelectorRequirement;
+use crate::api::requirements::{Requirement, Requirements};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -205,7 +205,7 @@ impl NodeFilter {
                         || self
                             .terms
                             .iter()
-                            .any(|t| crate::actors::router::requirements::all_match(t, labels)))
+                            .any(|t| crate::api::requirements::all_match(t, labels)))
                     && self.tolerated(taints)
             }
             NodeView::Planned(reqs, taints) => {

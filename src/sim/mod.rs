@@ -9,6 +9,7 @@ mod mirror;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod scheduler;
 pub mod shrink;
 pub mod transport;
 pub mod workload;

@@ -542,7 +542,7 @@ impl Scenario {
                 return Err(format!("nodePools: {}: unknown class {}", p.name, p.class));
             }
             for (k, v) in &p.limits {
-                if crate::karpenter::quantity::parse_str(v).is_none() {
+                if crate::api::quantity::parse_str(v).is_none() {
                     return Err(format!(
                         "nodePools: {}: limits.{k} {v:?} is not a quantity (e.g. \"16\", \"64Gi\")",
                         p.name

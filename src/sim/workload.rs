@@ -19,12 +19,13 @@ use super::scenario::{Scenario, SimPdb};
 use super::world::{POD_GROUP_LABEL, POD_NAMESPACE, workload_pod};
 use crate::api::NodeClaim;
 use crate::api::karpenter::{DO_NOT_DISRUPT_ANNOTATION, NODEPOOL_LABEL};
+use crate::api::quantity;
 use crate::clock::Clock;
 use crate::k8s::{Cluster, MemoryCluster};
-use crate::karpenter::sim_scheduler::RECREATE_ANNOTATION;
 use crate::karpenter::state::ClusterState;
-use crate::karpenter::{quantity, sim_scheduler};
 use crate::sim::run::safety::OwnDeletions;
+use crate::sim::scheduler as sim_scheduler;
+use crate::sim::scheduler::RECREATE_ANNOTATION;
 
 /// How often the simulated kube-scheduler binds pending pods.
 const SCHEDULER_PERIOD: Duration = Duration::from_secs(5);

@@ -384,7 +384,7 @@ pub fn workload_pod(
         (POD_GROUP_LABEL.to_string(), group.to_string()),
     ]));
     p.metadata.annotations = Some(BTreeMap::from([(
-        crate::karpenter::sim_scheduler::RECREATE_ANNOTATION.to_string(),
+        crate::sim::scheduler::RECREATE_ANNOTATION.to_string(),
         "true".to_string(),
     )]));
     if let Some(spec) = p.spec.as_mut() {

@@ -6,6 +6,7 @@
 //! Secrets never reach here: every message built from host output or API objects is redacted
 //! at its source, and span attributes carry names, states and numbers only.
 
+pub mod core_metrics;
 pub mod json;
 pub mod lifecycle;
 pub mod otlp;

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kpssh::api::karpenter::{Budget, INSTANCE_TYPE_LABEL};
+use kpssh::api::quantity;
 use kpssh::api::{HostState, NodeClaim};
 use kpssh::k8s::Cluster;
-use kpssh::karpenter::quantity;
 
 use super::scheduling::{ZONE, anti, app_pod, node_labels, req, spread};
 use super::*;

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kpssh::api::NodePool;
 use kpssh::api::karpenter::{Budget, DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
 use kpssh::k8s::Cluster;
-use kpssh::karpenter::sim_scheduler::RECREATE_ANNOTATION;
+use kpssh::sim::scheduler::RECREATE_ANNOTATION;
 
 use super::*;
 

@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::Node;
 use kpssh::api::karpenter::{Budget, DO_NOT_DISRUPT_ANNOTATION};
 use kpssh::api::{HostState, NodePool};
 use kpssh::k8s::Cluster;
-use kpssh::karpenter::sim_scheduler::RECREATE_ANNOTATION;
+use kpssh::sim::scheduler::RECREATE_ANNOTATION;
 
 use super::*;
 
@@ -332,7 +332,7 @@ async fn s38_underutilized_node_is_replaced_by_a_cheaper_instance_type() {
     );
     let types = |cs: Vec<kpssh::api::NodeClaim>| {
         cs.iter()
-            .filter_map(kpssh::karpenter::provisioning::claim_type)
+            .filter_map(kpssh::api::karpenter::claim_type)
             .collect::<Vec<_>>()
     };
     assert_eq!(
@@ -531,7 +531,7 @@ async fn s50_requirement_edit_drifts_only_nodes_whose_labels_no_longer_satisfy_i
     let first = one_running_pod(&e).await;
     let types = |cs: Vec<kpssh::api::NodeClaim>| {
         cs.iter()
-            .filter_map(kpssh::karpenter::provisioning::claim_type)
+            .filter_map(kpssh::api::karpenter::claim_type)
             .collect::<Vec<_>>()
     };
     assert_eq!(types(claims(&e).await), vec!["small".to_string()]);

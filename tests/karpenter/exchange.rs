@@ -7,9 +7,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kpssh::api::karpenter::{Budget, DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
 use kpssh::api::{NodeClaim, NodePool};
 use kpssh::k8s::Cluster;
-use kpssh::karpenter::sim_scheduler::RECREATE_ANNOTATION;
 use kpssh::sim::SimHost;
 use kpssh::sim::host::{Behaviour, Latency, PerPhase};
+use kpssh::sim::scheduler::RECREATE_ANNOTATION;
 
 use super::*;
 

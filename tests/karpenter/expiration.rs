@@ -27,7 +27,7 @@ async fn s51_expired_claim_is_deleted_despite_budget_0_and_do_not_disrupt() {
         [
             (DO_NOT_DISRUPT_ANNOTATION.to_string(), "true".to_string()),
             (
-                kpssh::karpenter::sim_scheduler::RECREATE_ANNOTATION.to_string(),
+                kpssh::sim::scheduler::RECREATE_ANNOTATION.to_string(),
                 "true".to_string(),
             ),
         ]

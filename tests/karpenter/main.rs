@@ -29,8 +29,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kpssh::actors::Config;
 use kpssh::api::{HostState, NodeClaim, NodePool, SSHHost};
 use kpssh::k8s::Cluster;
-use kpssh::karpenter::{KarpenterConfig, KarpenterHandles, sim_scheduler};
+use kpssh::karpenter::{KarpenterConfig, KarpenterHandles};
 use kpssh::sim::SimHost;
+use kpssh::sim::scheduler as sim_scheduler;
 use kpssh::sim::world::World;
 
 pub const MINUTE: Duration = Duration::from_secs(60);
@@ -210,7 +211,7 @@ pub async fn wait_available(e: &Env, n: usize) {
 /// Mark a NodeClaim for voluntary disruption, as the disruption controller does.
 pub async fn mark(e: &Env, name: &str) {
     let patch = serde_json::json!({"metadata": {"annotations": {
-        kpssh::karpenter::DISRUPTION_ANNOTATION: "Test"
+        kpssh::api::DISRUPTION_ANNOTATION: "Test"
     }}});
     e.w.cluster
         .patch::<NodeClaim>(None, name, &patch)

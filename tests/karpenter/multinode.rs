@@ -5,8 +5,8 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kpssh::k8s::Cluster;
-use kpssh::karpenter::sim_scheduler::RECREATE_ANNOTATION;
 use kpssh::sim::SimHost;
+use kpssh::sim::scheduler::RECREATE_ANNOTATION;
 
 use super::consolidation::{app, drop_fillers, on_new_node, pool, terminating};
 use super::*;

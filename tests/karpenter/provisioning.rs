@@ -295,7 +295,7 @@ async fn s54_inflight_claim_whose_type_left_the_offers_still_absorbs_its_pods() 
     assert!(launched, "one claim for the pod");
     let first: NodeClaim = claims(&e).await.remove(0);
     assert_eq!(
-        kpssh::karpenter::provisioning::claim_type(&first).as_deref(),
+        kpssh::api::karpenter::claim_type(&first).as_deref(),
         Some("small"),
         "the cheapest class"
     );

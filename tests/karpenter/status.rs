@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kpssh::api::quantity;
 use kpssh::api::{NodePool, SSHJoinProfile};
 use kpssh::k8s::Cluster;
-use kpssh::karpenter::quantity;
 
 use super::*;
 

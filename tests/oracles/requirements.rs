@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use kpssh::actors::router::requirements::Requirements;
 use kpssh::api::karpenter::NodeSelectorRequirement;
+use kpssh::api::requirements::Requirements;
 use proptest::prelude::*;
 use serde_json::json;
 

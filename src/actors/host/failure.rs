@@ -10,9 +10,9 @@ use super::launch::set_launched;
 use super::phases::PhaseFailure;
 use super::probe::write;
 use super::registration::{delete_token, static_provider_id};
-use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::{ClaimRef, HostState, NodeClaim};
+use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 

@@ -16,16 +16,17 @@ use super::probe::write;
 use super::registration::static_provider_id;
 use super::{HostActorState, target};
 use crate::actors::drift::nodeclass_hash;
-use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::karpenter::{ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL};
 use crate::api::nodeclass::ProviderIdSource;
+use crate::api::quantity;
 use crate::api::{
     ClaimRef, HostState, NODECLASS_HASH_ANNOTATION, NODECLASS_HASH_VERSION,
     NODECLASS_HASH_VERSION_ANNOTATION, NodeClaim, SSHHost, SSHJoinProfile, SSHNodeClass,
 };
+use crate::k8s::conditions::upsert_condition;
+use crate::k8s::events;
 use crate::k8s::{Cluster, ClusterError, EventType};
-use crate::karpenter::quantity;
 use crate::profile::phase::{Phase, PhaseContext, Taint};
 use crate::secret::Secret;
 use crate::ssh::{Cancel, Transport};
@@ -434,7 +435,7 @@ fn node_labels(nc: &NodeClaim, host: &SSHHost, arch: String) -> BTreeMap<String,
     // A class split by architecture is offered as `<class>-<arch>`; the claim asked for that
     // (one of the types it lists, S55).
     let split = format!("{class}-{arch}");
-    let asked = crate::karpenter::provisioning::claim_types(nc);
+    let asked = crate::api::karpenter::claim_types(nc);
     let ty = if asked.contains(&split) {
         split
     } else {
@@ -700,35 +701,4 @@ pub async fn set_launched<C: Cluster>(
         clock,
     );
     cluster.replace_status(&nc).await
-}
-
-pub fn upsert_condition(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: &str,
-    clock: &crate::clock::Clock,
-) {
-    let status = if ok { "True" } else { "False" };
-    let cond = Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        observed_generation: None,
-        last_transition_time: Time(clock.now()),
-    };
-    match conditions.iter_mut().find(|c| c.type_ == type_) {
-        Some(c) if c.status == status && c.reason == reason && c.message == message => {}
-        Some(c) => {
-            let keep_time = c.status == status;
-            let t = c.last_transition_time.clone();
-            *c = cond;
-            if keep_time {
-                c.last_transition_time = t;
-            }
-        }
-        None => conditions.push(cond),
-    }
 }

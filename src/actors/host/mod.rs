@@ -169,7 +169,7 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
         reason: &str,
         message: impl Into<String>,
     ) {
-        crate::actors::events::record(&self.ctx.cluster, &*self.host, type_, reason, message).await;
+        crate::k8s::events::record(&self.ctx.cluster, &*self.host, type_, reason, message).await;
     }
 
     /// Re-read the host after a lost CAS.

@@ -8,12 +8,12 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ractor::ActorRef;
 
 use super::{HostActorState, HostMsg, registration};
-use crate::actors::events;
 use crate::actors::status::{
     ProbeStamp, ready_condition_synced, stamp_due, write_status_if_changed,
 };
 use crate::api::host::PinnedHostKey;
 use crate::api::{ExecMode, HostState, SSHHost, SSHHostStatus};
+use crate::k8s::events;
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::ssh::{ProbeReport, Transport};
 use crate::telemetry::lifecycle::millis;
@@ -402,8 +402,8 @@ pub fn capacity_below_spec(host: &SSHHost) -> bool {
             .spec
             .capacity
             .get(*r)
-            .and_then(crate::karpenter::quantity::parse);
-        let seen = observed.get(*r).and_then(crate::karpenter::quantity::parse);
+            .and_then(crate::api::quantity::parse);
+        let seen = observed.get(*r).and_then(crate::api::quantity::parse);
         matches!((declared, seen), (Some(d), Some(s)) if s < d)
     })
 }

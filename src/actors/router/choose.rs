@@ -12,9 +12,9 @@ use super::instance_types::{
     ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types,
     topology_labels, type_of, usable,
 };
-use super::requirements::all_match;
+use crate::api::quantity;
+use crate::api::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
-use crate::karpenter::quantity;
 
 /// What a class offers, apart from which hosts are free: its instance types and its
 /// members (selected, usable hosts with an instance type) as (index in the host list, type,

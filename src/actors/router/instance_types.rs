@@ -9,8 +9,8 @@ use kube::core::{Selector, SelectorExt};
 use crate::api::karpenter::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL, ZONE_LABEL,
 };
+use crate::api::quantity;
 use crate::api::{HostState, SSHHost, SSHNodeClass};
-use crate::karpenter::quantity;
 
 /// One host class offered as an instance type.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,7 +11,6 @@ pub mod burst;
 pub mod choose;
 pub mod claim;
 pub mod instance_types;
-pub mod requirements;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
@@ -364,5 +363,5 @@ fn drained(nc: &NodeClaim) -> bool {
     nc.metadata
         .annotations
         .as_ref()
-        .is_some_and(|a| a.contains_key(crate::karpenter::DRAINED_ANNOTATION))
+        .is_some_and(|a| a.contains_key(crate::api::DRAINED_ANNOTATION))
 }

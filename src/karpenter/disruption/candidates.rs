@@ -15,7 +15,7 @@ use super::consolidation::pods_by_node;
 use super::{Reason, replacement};
 use crate::actors::Context;
 use crate::actors::drift::drift;
-use crate::actors::router::requirements;
+use crate::api::requirements;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::Cluster;
 use crate::ssh::Transport;

@@ -9,12 +9,13 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::super::lifecycle::node_ready;
+use super::super::pods;
 use super::super::scheduling::{PodInfo, SimNode, shape_key, shapes, sort_pods};
 use super::super::state::Inner;
 use super::super::termination::{is_drained, is_marked};
-use super::super::{pods, quantity};
 use crate::api::NodeClaim;
 use crate::api::karpenter::DISRUPTED_TAINT_KEY;
+use crate::api::quantity;
 
 /// Pods bound to each node, built once per evaluation ([`Inner::pods_on`] scans every pod).
 pub(super) fn pods_by_node(st: &Inner) -> HashMap<&str, Vec<&Pod>> {

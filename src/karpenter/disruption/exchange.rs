@@ -24,9 +24,9 @@ use super::replacement::{self, Progress, Replacer, abandon, launch};
 use super::validation::{Decision, Verdict, validate};
 use super::{Notices, Reason, mark};
 use crate::actors::Context;
-use crate::actors::events;
 use crate::api::karpenter::DISRUPTED_TAINT_KEY;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
+use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 

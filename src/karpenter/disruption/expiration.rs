@@ -9,8 +9,8 @@ use super::super::termination::parse_duration;
 use super::super::{KarpenterError, state::ClusterState};
 use super::Reason;
 use crate::actors::Context;
-use crate::actors::events;
 use crate::api::NodeClaim;
+use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 

@@ -37,10 +37,11 @@ use tokio::task::JoinHandle;
 use super::scheduling::{PodInfo, sort_pods};
 use super::state::{ClusterState, Inner, NsKey};
 use super::termination::taint_node;
-use super::{DISRUPTION_ANNOTATION, KarpenterConfig, KarpenterError, budgets, pods};
+use super::{KarpenterConfig, KarpenterError, budgets, pods};
 use crate::actors::Context;
-use crate::actors::events;
+use crate::api::DISRUPTION_ANNOTATION;
 use crate::api::{NodeClaim, NodePool, SSHJoinProfile, SSHNodeClass};
+use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 
@@ -203,7 +204,7 @@ impl Disrupter {
             ctx.metrics
                 .core
                 .eligible_nodes
-                .get_or_create(&crate::karpenter::metrics::ReasonLabels {
+                .get_or_create(&crate::telemetry::core_metrics::ReasonLabels {
                     reason: reason.to_lowercase(),
                 })
                 .set(round.eligible.get(reason).copied().unwrap_or(0));

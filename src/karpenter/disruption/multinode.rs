@@ -11,7 +11,7 @@
 //! placement is simulated again on a fresh view of the cluster; a command that no longer holds
 //! is dropped, and single-node consolidation has its turn.
 
-use super::super::provisioning::{NewClaim, claim_type};
+use super::super::provisioning::NewClaim;
 use super::super::scheduling::{PodInfo, sort_pods};
 use super::super::state::ClusterState;
 use super::candidates::Candidate;
@@ -21,6 +21,7 @@ use super::replacement::{Replacer, launch_for};
 use super::validation::{Decision, Verdict, validate};
 use super::{Disrupter, KarpenterError, Reason, Round, mark};
 use crate::actors::Context;
+use crate::api::karpenter::claim_type;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::Cluster;
 use crate::ssh::Transport;

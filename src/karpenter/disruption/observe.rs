@@ -12,8 +12,8 @@ use super::super::budgets;
 use super::blockers::DISRUPTION_BLOCKED;
 use super::{Notices, Reason};
 use crate::actors::Context;
-use crate::actors::events;
 use crate::api::{NodeClaim, NodePool};
+use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 
@@ -68,7 +68,7 @@ pub async fn budgets<C: Cluster, T: Transport>(
         ctx.metrics
             .core
             .allowed_disruptions
-            .get_or_create(&crate::karpenter::metrics::PoolReasonLabels {
+            .get_or_create(&crate::telemetry::core_metrics::PoolReasonLabels {
                 nodepool: name.clone(),
                 reason: reason.to_lowercase(),
             })

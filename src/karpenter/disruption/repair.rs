@@ -20,8 +20,8 @@ use super::super::termination::deadline::{self, Recorded, TERMINATION_TIMESTAMP_
 use super::super::{KarpenterConfig, KarpenterError};
 use super::Notices;
 use crate::actors::Context;
-use crate::actors::events;
 use crate::api::{NodeClaim, NodePool};
+use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 

@@ -11,15 +11,14 @@ use serde_json::json;
 use super::super::KarpenterError;
 use super::super::lifecycle::condition_true;
 use super::super::provisioning::pack::{Choice, capacity_with_node, pool_usage, within_limits};
-use super::super::provisioning::{
-    NewClaim, PoolOffer, build_claim, claim_name, claim_type, unheld_per_type,
-};
+use super::super::provisioning::{NewClaim, PoolOffer, build_claim, claim_name, unheld_per_type};
 use super::super::scheduling::{PodInfo, SimNode};
 use super::super::state::{ClusterState, Inner};
 use crate::actors::Context;
-use crate::actors::events;
 use crate::actors::router::instance_types::instance_types;
+use crate::api::karpenter::claim_type;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
+use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
 use crate::ssh::Transport;
 

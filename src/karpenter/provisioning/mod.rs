@@ -20,13 +20,15 @@ use tokio::task::JoinHandle;
 use super::scheduling::PodInfo;
 use super::state::{ClusterState, Inner};
 use super::topology::{Mode, Topology};
-use super::{KarpenterConfig, KarpenterError, quantity};
+use super::{KarpenterConfig, KarpenterError};
 use crate::actors::Context;
 use crate::actors::router::instance_types::{InstanceType, instance_types};
-use crate::actors::router::requirements::Requirements;
+use crate::api::karpenter::claim_type;
 use crate::api::karpenter::{
     INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, NodeClaimSpec, NodeSelectorRequirement, ResourceRequests,
 };
+use crate::api::quantity;
+use crate::api::requirements::Requirements;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::{Cluster, EventRecord, EventType, ObjectRef};
 use crate::ssh::Transport;
@@ -314,7 +316,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                 .filter(|i| {
                     let mut l = labels.clone();
                     l.extend(t.offerings[*i].labels.clone());
-                    crate::actors::router::requirements::all_match(&nc.spec.requirements, &l)
+                    crate::api::requirements::all_match(&nc.spec.requirements, &l)
                 })
                 .collect();
             let free = |i: &usize| budgets.get(&(t.name.clone(), *i)).copied().unwrap_or(0) > 0;
@@ -363,7 +365,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                         claim.instance_type,
                         claim.pods.len()
                     );
-                    crate::actors::events::record(
+                    crate::k8s::events::record(
                         &self.ctx.cluster,
                         &created,
                         EventType::Normal,
@@ -439,39 +441,6 @@ pub fn unheld_per_type<C: Cluster, T: Transport>(
         }
     }
     out
-}
-
-/// The instance type of a NodeClaim: the one its requirements pin, else the one it was
-/// launched as (its label), else the first (cheapest) it lists (S55: a claim with `minValues`
-/// lists several).
-pub fn claim_type(nc: &NodeClaim) -> Option<String> {
-    let listed = claim_types(nc);
-    if let [only] = listed.as_slice() {
-        return Some(only.clone());
-    }
-    nc.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(INSTANCE_TYPE_LABEL).cloned())
-        .or_else(|| listed.first().cloned())
-}
-
-/// The instance types a NodeClaim admits (its `In` requirement on the instance type, cheapest
-/// first as provisioning writes them), or the one it is labelled with.
-pub fn claim_types(nc: &NodeClaim) -> Vec<String> {
-    nc.spec
-        .requirements
-        .iter()
-        .find(|r| r.key == INSTANCE_TYPE_LABEL && r.operator == "In" && !r.values.is_empty())
-        .map(|r| r.values.clone())
-        .or_else(|| {
-            nc.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(INSTANCE_TYPE_LABEL).cloned())
-                .map(|t| vec![t])
-        })
-        .unwrap_or_default()
 }
 
 /// Namespace labels by name, for `namespaceSelector` (S56).

@@ -8,17 +8,19 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
 use crate::actors::router::instance_types::{InstanceType, Offering};
-use crate::actors::router::requirements::{Requirement, Requirements, WELL_KNOWN_LABELS};
+use crate::api::DISRUPTION_ANNOTATION;
 use crate::api::karpenter::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, NodeSelectorRequirement,
     OS_LABEL, UNREGISTERED_TAINT_KEY,
 };
+use crate::api::quantity;
+use crate::api::requirements::{Requirement, Requirements, WELL_KNOWN_LABELS};
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
+use crate::karpenter::pods;
 use crate::karpenter::scheduling::{HOSTNAME_KEY, PodInfo, SimNode};
 use crate::karpenter::state::Inner;
-use crate::karpenter::{DISRUPTION_ANNOTATION, pods, quantity};
 
-use super::{claim_type, claim_types};
+use crate::api::karpenter::{claim_type, claim_types};
 
 /// One instance type as a node of one NodePool would get it.
 #[derive(Debug, Clone)]

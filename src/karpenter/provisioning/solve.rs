@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::pack::{Choice, NewClaim, PoolOffer, capacity_with_node, offering_ok, within};
-use crate::actors::router::requirements::{Requirement, Requirements};
 use crate::api::karpenter::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
+use crate::api::requirements::{Requirement, Requirements};
 use crate::karpenter::scheduling::{
     HOSTNAME_KEY, HostPort, PodInfo, SimNode, fits_resources, shapes,
 };

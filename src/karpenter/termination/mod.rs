@@ -21,11 +21,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::state::ClusterState;
-use super::{DISRUPTION_ANNOTATION, DRAINED_ANNOTATION, KarpenterConfig, KarpenterError, pods};
+use super::{KarpenterConfig, KarpenterError, pods};
 use crate::actors::Context;
-use crate::actors::events;
 use crate::api::NodeClaim;
 use crate::api::karpenter::DISRUPTED_TAINT_KEY;
+use crate::api::{DISRUPTION_ANNOTATION, DRAINED_ANNOTATION};
+use crate::k8s::events;
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::ssh::Transport;
 use deadline::{Recorded, TERMINATION_TIMESTAMP_ANNOTATION};

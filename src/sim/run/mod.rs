@@ -516,7 +516,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
     let mut largest = BTreeMap::<String, BTreeMap<String, i128>>::new();
     for i in &infos {
         let cap = largest.entry(i.class.clone()).or_default();
-        let memory = crate::karpenter::quantity::parse_str(&format!("{}Ki", i.memory_kib));
+        let memory = crate::api::quantity::parse_str(&format!("{}Ki", i.memory_kib));
         for (k, v) in [("cpu", Some(i128::from(i.cpu) * 1000)), ("memory", memory)] {
             let e = cap.entry(k.to_string()).or_insert(0);
             *e = (*e).max(v.unwrap_or(0));

@@ -226,8 +226,8 @@ impl Runner<'_> {
         let events = self.world.cluster.events_since(self.events_seen);
         for e in &events {
             match e.reason.as_str() {
-                crate::actors::events::ZOMBIE_LEFT => self.zombies_cleaned += 1,
-                crate::actors::events::LAUNCH_FAILED => self.launch_failures += 1,
+                crate::k8s::events::ZOMBIE_LEFT => self.zombies_cleaned += 1,
+                crate::k8s::events::LAUNCH_FAILED => self.launch_failures += 1,
                 "FailedProvisioning" if e.message.contains("NodePool limits") => {
                     self.provisioning_blocked_by_limits += 1;
                 }

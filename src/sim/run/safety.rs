@@ -29,14 +29,15 @@ use kube::core::{Selector, SelectorExt};
 use tokio::task::JoinHandle;
 
 use super::{Violation, name_of};
+use crate::api::DISRUPTION_ANNOTATION;
 use crate::api::NodeClaim;
 use crate::clock::Clock;
 use crate::k8s::{Cluster, MemoryCluster, WatchEvent, WatchStream};
 use crate::karpenter::disruption::repair::REPAIR;
 use crate::karpenter::lifecycle::node_ready;
+use crate::karpenter::pods;
 use crate::karpenter::state::older_than;
 use crate::karpenter::termination::deadline::{Recorded, pod_delete_at, recorded};
-use crate::karpenter::{DISRUPTION_ANNOTATION, pods};
 use crate::sim::transport::SimTransport;
 
 /// What the simulation deletes itself: pods (scale-down, pod GC) and NodeClaims (the force

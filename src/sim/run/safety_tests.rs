@@ -1,8 +1,8 @@
 //! Tests of `safety.rs` (kept apart to keep that file short).
 
 use super::*;
-use crate::actors::events;
 use crate::k8s::EventType;
+use crate::k8s::events;
 use crate::sim::scenario::{IntOrPercent, SimPdb};
 use crate::sim::workload::{group, pdb};
 use crate::sim::world::{node_claim, workload_pod};

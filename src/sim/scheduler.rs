@@ -12,14 +12,14 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
-use super::lifecycle::node_ready;
-use super::pods;
-use super::quantity;
-use super::scheduling::{HOSTNAME_KEY, PodInfo, SimNode, shapes};
-use super::state::ClusterState;
-use super::topology::{self, Mode, Topology};
-use crate::actors::router::requirements::{Requirement, Requirements};
+use crate::api::quantity;
+use crate::api::requirements::{Requirement, Requirements};
 use crate::k8s::{Cluster, WatchEvent};
+use crate::karpenter::lifecycle::node_ready;
+use crate::karpenter::pods;
+use crate::karpenter::scheduling::{HOSTNAME_KEY, PodInfo, SimNode, shapes};
+use crate::karpenter::state::ClusterState;
+use crate::karpenter::topology::{self, Mode, Topology};
 
 pub const RECREATE_ANNOTATION: &str = "sim.kpssh.dev/recreate";
 
