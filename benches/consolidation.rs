@@ -27,13 +27,13 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
-use kpssh::actors::{Config, Context};
 use kpssh::api::NodeClaim;
 use kpssh::api::karpenter::{NODEPOOL_LABEL, NodeClaimStatus};
 use kpssh::clock::Clock;
 use kpssh::k8s::{Cluster, MemoryCluster};
 use kpssh::karpenter::state::ClusterState;
 use kpssh::karpenter::{KarpenterConfig, disruption};
+use kpssh::provider::{Config, Context};
 use kpssh::sim::SimTransport;
 use kpssh::sim::world::{node_claim, node_class, node_pool, sim_profile};
 use kube::api::ObjectMeta;

@@ -18,9 +18,9 @@ mod report;
 
 use std::time::Duration;
 
-use kpssh::actors::Config;
 use kpssh::api::{HostState, SSHHost};
 use kpssh::k8s::Cluster;
+use kpssh::provider::Config;
 use kpssh::sim::SimHost;
 use kpssh::sim::world::World;
 use report::{Mode, Target};

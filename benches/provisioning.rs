@@ -22,7 +22,6 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
-use kpssh::actors::{Config, Context};
 use kpssh::api::karpenter::{NODEPOOL_LABEL, NodeClaimStatus};
 use kpssh::api::{HostState, NodeClaim, NodePool, SSHHost};
 use kpssh::clock::Clock;
@@ -30,6 +29,7 @@ use kpssh::k8s::{Cluster, MemoryCluster};
 use kpssh::karpenter::provisioning::Provisioner;
 use kpssh::karpenter::state::ClusterState;
 use kpssh::karpenter::{KarpenterConfig, disruption};
+use kpssh::provider::{Config, Context};
 use kpssh::sim::world::{World, node_claim, node_class, sim_profile};
 use kpssh::sim::{SimHost, SimTransport};
 use kube::api::ObjectMeta;

@@ -1010,13 +1010,13 @@ async fn chart_rbac_runs_the_controller_and_refuses_everything_else() {
 }
 
 /// The controller's exposition with every metric family holding a sample: the real `Metrics`
-/// registry and encoder (`kpssh::actors::metrics`), with one observation per labelled family,
+/// registry and encoder (`kpssh::provider::metrics`), with one observation per labelled family,
 /// because the encoder leaves a family without samples out entirely (a live controller that
 /// never ran a join does not show the join histogram). When a family is added there, touch it
 /// here too; the live check above fails if a live name is missing from this one.
 fn full_exposition() -> String {
-    use kpssh::actors::context::HostView;
-    use kpssh::actors::metrics::{
+    use kpssh::provider::context::HostView;
+    use kpssh::provider::metrics::{
         ActionLabels, ActorLabels, LimitLabels, Metrics, NodePoolLabels, OutcomeLabels,
         PhaseLabels, ReasonLabels, StageLabels,
     };

@@ -158,13 +158,13 @@ async fn karpenter_crds_reject_unparsable_durations_and_operators_at_admission()
 async fn what_kpssh_writes_is_admitted_and_read_back_unchanged() {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-    use kpssh::actors::router::instance_types::{InstanceType, Offering};
     use kpssh::api::karpenter::{INSTANCE_TYPE_LABEL, NodeSelectorRequirement, ZONE_LABEL};
     use kpssh::api::{NodeClaim, NodeClaimStatus, NodePool};
     use kpssh::k8s::{Cluster, KubeCluster};
     use kpssh::karpenter::provisioning::solve::pack;
     use kpssh::karpenter::provisioning::{PoolOffer, build_claim};
     use kpssh::karpenter::scheduling::PodInfo;
+    use kpssh::provider::instance_types::{InstanceType, Offering};
 
     let cp = ControlPlane::shared();
     cp.install_crds(&crds::karpenter_crds_yaml()).await;

@@ -10,9 +10,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kpssh::actors::Config;
 use kpssh::api::{HostState, NodeClaim};
 use kpssh::k8s::Cluster;
+use kpssh::provider::Config;
 use kpssh::sim::SimHost;
 use kpssh::sim::world::{World, node_claim};
 use kpssh::telemetry::otlp::Settings;

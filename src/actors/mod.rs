@@ -3,25 +3,16 @@
 //! A host's status is only ever written by its own actor, except the claim itself, which the
 //! router writes as a compare-and-swap that the actor's own writes are fenced against.
 
-pub mod availability;
-pub mod config;
-pub mod context;
-pub mod drift;
 pub mod host;
-pub mod launches;
-pub mod limits;
-pub mod metrics;
 pub mod nodeclass;
 pub mod router;
 pub mod status;
 pub mod supervisor;
 
-pub use config::Config;
-pub use context::Context;
-
 use ractor::{Actor, ActorRef, SpawnErr};
 
 use crate::k8s::Cluster;
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// The controller's long-lived actors.

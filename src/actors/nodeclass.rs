@@ -9,14 +9,14 @@ use std::time::Duration;
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::Context;
 use super::host::phases::profile_source;
-use super::router::instance_types::{ClassSelector, usable};
 use crate::api::nodeclass::reason;
 use crate::api::{NodeClaim, SSHJoinProfile, SSHNodeClass, TERMINATION_FINALIZER};
 use crate::k8s::conditions::upsert_condition;
 use crate::k8s::{Cluster, ClusterError, WatchEvent, finalizers};
 use crate::profile::validate_profile;
+use crate::provider::Context;
+use crate::provider::instance_types::{ClassSelector, usable};
 use crate::ssh::Transport;
 
 const RESYNC: Duration = Duration::from_secs(10);
@@ -73,7 +73,7 @@ struct ReadinessInputs {
     /// Why no cluster endpoint could be found for the class, if none could (S22).
     endpoint_error: Option<String>,
     /// The class's launch pause (S63).
-    pause: Option<crate::actors::launches::Pause>,
+    pause: Option<crate::provider::launches::Pause>,
 }
 
 fn pump<K: Send + 'static>(
@@ -312,7 +312,7 @@ fn readiness_with<H: std::borrow::Borrow<crate::api::SSHHost>>(
     profile: Option<&SSHJoinProfile>,
     hosts: &[H],
     endpoint_error: Option<&str>,
-    pause: Option<&crate::actors::launches::Pause>,
+    pause: Option<&crate::provider::launches::Pause>,
 ) -> (bool, &'static str, String) {
     let profile_name = &class.spec.join_profile_ref.name;
     let Some(profile) = profile else {

@@ -10,10 +10,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
-use super::Context;
 use super::host::{HostActor, HostMsg, SeenVersion};
 use crate::api::{HostState, SSHHost};
 use crate::k8s::{Cluster, WatchEvent};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 #[derive(Debug)]
@@ -273,7 +273,7 @@ async fn upsert_host<C: Cluster, T: Transport>(
     let name = host.metadata.name.clone().unwrap_or_default();
     match state.actors.get(&name) {
         // Its own write echoed back, or a version it re-read: nothing new for the actor.
-        Some(h) if h.seen.has(crate::actors::context::rv(&host)) => {}
+        Some(h) if h.seen.has(crate::provider::context::rv(&host)) => {}
         Some(h) => {
             if h.actor.send_message(HostMsg::Observed(host)).is_ok() {
                 state.ctx.metrics.mailbox_in("host");
@@ -352,7 +352,7 @@ fn adopt_candidate<C: Cluster, T: Transport>(
     state: &SupervisorState<C, T>,
     node: &Node,
 ) -> Option<String> {
-    let ips = crate::actors::context::internal_ips(node);
+    let ips = crate::provider::context::internal_ips(node);
     state
         .ctx
         .hosts

@@ -7,10 +7,11 @@ use clap::{ArgAction, Args};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::{Config, Context, Controller, spawn_controller};
+use crate::actors::{Controller, spawn_controller};
 use crate::clock::Clock;
 use crate::k8s::KubeCluster;
 use crate::k8s::leader::{self, LeaderElector, LeaderError, Leadership, LeaseConfig, Role};
+use crate::provider::{Config, Context};
 use crate::server::{Readiness, Status, serve};
 use crate::ssh::{RusshTransport, TransportConfig};
 

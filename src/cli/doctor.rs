@@ -14,9 +14,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 
 use crate::actors::host::launch::cluster_endpoint;
 use crate::actors::host::phases::profile_source;
-use crate::actors::router::instance_types::selects;
 use crate::api::{NodePool, SSHHost, SSHJoinProfile, SSHNodeClass};
 use crate::k8s::{Cluster, KubeCluster};
+use crate::provider::instance_types::selects;
 
 #[derive(clap::Args, Debug)]
 pub struct DoctorArgs {

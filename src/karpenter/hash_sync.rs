@@ -19,9 +19,9 @@ use super::nodepool_hash::{
     nodepool_hash,
 };
 use super::state::{ClusterState, Inner};
-use crate::actors::Context;
 use crate::api::{NodeClaim, NodePool};
 use crate::k8s::{Cluster, ClusterError};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 pub fn spawn<C: Cluster, T: Transport>(

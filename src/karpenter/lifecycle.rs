@@ -13,7 +13,6 @@ use tokio::task::JoinHandle;
 
 use super::state::ClusterState;
 use super::{KarpenterConfig, KarpenterError};
-use crate::actors::Context;
 use crate::api::NodeClaim;
 use crate::api::karpenter::{
     INITIALIZED_LABEL, REGISTERED_LABEL, TERMINATION_FINALIZER, UNREGISTERED_TAINT_KEY,
@@ -21,6 +20,7 @@ use crate::api::karpenter::{
 use crate::k8s::conditions::upsert_condition;
 use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 pub fn spawn<C: Cluster, T: Transport>(

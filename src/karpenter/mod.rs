@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::actors::Context;
-use crate::actors::router::instance_types::InstanceTypeError;
 use crate::k8s::{Cluster, ClusterError};
+use crate::provider::Context;
+use crate::provider::instance_types::InstanceTypeError;
 use crate::ssh::Transport;
 
 /// Errors of the karpenter layer.
@@ -117,7 +117,7 @@ impl Drop for KarpenterHandles {
 
 impl KarpenterConfig {
     /// The defaults, with the registration timeout of the actor config.
-    pub fn for_actors(config: &crate::actors::Config) -> Self {
+    pub fn for_actors(config: &crate::provider::Config) -> Self {
         KarpenterConfig {
             registration_timeout: config.registration_timeout,
             ..KarpenterConfig::default()

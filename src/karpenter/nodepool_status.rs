@@ -25,10 +25,10 @@ use super::KarpenterConfig;
 use super::nodepool_counter;
 use super::nodepool_validation::validate;
 use super::state::ClusterState;
-use crate::actors::Context;
 use crate::api::{NodePool, SSHNodeClass};
 use crate::k8s::conditions::upsert_condition;
 use crate::k8s::{Cluster, ClusterError, EventType, WatchEvent};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";

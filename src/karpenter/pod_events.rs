@@ -11,9 +11,9 @@ use tokio::task::JoinHandle;
 
 use super::state::{ClusterState, Inner};
 use super::{KarpenterConfig, KarpenterError};
-use crate::actors::Context;
 use crate::api::NodeClaim;
 use crate::k8s::Cluster;
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 pub fn spawn<C: Cluster, T: Transport>(

@@ -11,10 +11,10 @@ use tokio::task::JoinHandle;
 
 use super::KarpenterConfig;
 use super::state::{ClusterState, Inner};
-use crate::actors::Context;
 use crate::api::SSHNodeClass;
 use crate::api::nodeclass::StartupTaintGate;
 use crate::k8s::{Cluster, ClusterError};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 pub fn spawn<C: Cluster, T: Transport>(

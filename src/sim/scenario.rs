@@ -51,7 +51,7 @@ pub struct ControllerLimits {
 
 impl Default for ControllerLimits {
     fn default() -> Self {
-        let c = crate::actors::Config::default();
+        let c = crate::provider::Config::default();
         ControllerLimits {
             max_concurrent_phases: c.max_concurrent_phases,
             max_concurrent_probes: c.max_concurrent_probes,

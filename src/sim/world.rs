@@ -16,7 +16,7 @@ use super::transport::SimTransport;
 use crate::actors::nodeclass::NodeClassMsg;
 use crate::actors::router::RouterMsg;
 use crate::actors::supervisor::SupervisorMsg;
-use crate::actors::{Config, Context, Controller, spawn_controller};
+use crate::actors::{Controller, spawn_controller};
 use crate::api::host::SecretRef;
 use crate::api::karpenter::{NodeClaimSpec, NodeClassRef};
 use crate::api::nodeclass::{ClusterEndpoint, ProfileRef, SSHNodeClassSpec};
@@ -26,6 +26,7 @@ use crate::api::{
 };
 use crate::clock::Clock;
 use crate::k8s::{Cluster, ClusterError, MemoryCluster};
+use crate::provider::{Config, Context};
 
 pub const KEY_SECRET: &str = "ssh-key";
 

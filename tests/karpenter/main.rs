@@ -26,10 +26,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kpssh::actors::Config;
 use kpssh::api::{HostState, NodeClaim, NodePool, SSHHost};
 use kpssh::k8s::Cluster;
 use kpssh::karpenter::{KarpenterConfig, KarpenterHandles};
+use kpssh::provider::Config;
 use kpssh::sim::SimHost;
 use kpssh::sim::scheduler as sim_scheduler;
 use kpssh::sim::world::World;

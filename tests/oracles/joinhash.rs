@@ -2,8 +2,8 @@
 
 use std::sync::Mutex;
 
-use kpssh::actors::drift::nodeclass_hash;
 use kpssh::api::nodeclass::SSHNodeClassSpec;
+use kpssh::provider::drift::nodeclass_hash;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

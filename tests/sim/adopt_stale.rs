@@ -43,7 +43,7 @@ async fn nodes_with_ip(w: &World, ip: &str) -> Vec<String> {
     nodes
         .into_iter()
         .filter(|n| {
-            kpssh::actors::context::internal_ips(n)
+            kpssh::provider::context::internal_ips(n)
                 .iter()
                 .any(|a| a == ip)
         })

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use kpssh::actors::Config;
 use kpssh::api::{HostState, NodeClaim, SSHHost, SSHNodeClass};
 use kpssh::k8s::Cluster;
+use kpssh::provider::Config;
 use kpssh::sim::world::{World, node_claim};
 use kpssh::sim::{SimHost, SimPhase};
 use serde_json::json;

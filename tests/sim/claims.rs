@@ -648,7 +648,7 @@ async fn s18_s41_unsigned_verified_profile_is_refused_before_connecting() {
 async fn s29_mixed_arch_class_split_per_arch_when_asked() {
     use kpssh::api::karpenter::NodeSelectorRequirement;
     for split in [true, false] {
-        let w = super::world_with(kpssh::actors::Config {
+        let w = super::world_with(kpssh::provider::Config {
             split_mixed_arch: split,
             ..Default::default()
         })

@@ -331,7 +331,7 @@ async fn s27_registration_is_recorded_while_the_host_is_unreachable() {
     );
     assert_eq!(tokens(&w).await.len(), 1, "the token delete was refused");
     refuse.store(false, Ordering::SeqCst);
-    let interval = kpssh::actors::Config::default().probe_interval;
+    let interval = kpssh::provider::Config::default().probe_interval;
     let recorded = w
         .until(interval + Duration::from_secs(15), || async {
             tokens(&w).await.is_empty()

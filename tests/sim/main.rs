@@ -14,9 +14,9 @@ mod zombie;
 
 use std::time::Duration;
 
-use kpssh::actors::Config;
 use kpssh::api::{HostState, SSHHost};
 use kpssh::k8s::Cluster;
+use kpssh::provider::Config;
 use kpssh::sim::world::World;
 
 pub const MINUTE: Duration = Duration::from_secs(60);

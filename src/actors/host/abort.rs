@@ -9,9 +9,9 @@ use std::future::Future;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::actors::Context;
 use crate::api::{ClaimRef, NodeClaim};
 use crate::k8s::Cluster;
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// Run `phase` (a command carrying `cancel`) and cancel it once `claim` is gone or being

@@ -146,7 +146,7 @@ async fn after_failure<C: Cluster, T: Transport>(
     backoff: Option<&crate::api::LaunchBackoff>,
 ) {
     let now = state.ctx.clock.now();
-    let outcome = crate::actors::launches::Outcome::failed(record);
+    let outcome = crate::provider::launches::Outcome::failed(record);
     state
         .ctx
         .launches

@@ -15,7 +15,6 @@ use super::phases::{PhaseFailure, plan, run_phase, run_phase_cancellable};
 use super::probe::write;
 use super::registration::static_provider_id;
 use super::{HostActorState, target};
-use crate::actors::drift::nodeclass_hash;
 use crate::actors::status::ProbeStamp;
 use crate::api::karpenter::{ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL};
 use crate::api::nodeclass::ProviderIdSource;
@@ -28,6 +27,7 @@ use crate::k8s::conditions::upsert_condition;
 use crate::k8s::events;
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::profile::phase::{Phase, PhaseContext, Taint};
+use crate::provider::drift::nodeclass_hash;
 use crate::secret::Secret;
 use crate::ssh::{Cancel, Transport};
 
@@ -115,7 +115,11 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
         Ok(Launch::Joined) => {
             let class = plan.claim.spec.node_class_ref.name.clone();
             let now = state.ctx.clock.now();
-            (state.ctx.launches).record(&class, crate::actors::launches::Outcome::succeeded(), now);
+            (state.ctx.launches).record(
+                &class,
+                crate::provider::launches::Outcome::succeeded(),
+                now,
+            );
             tracing::info!(host = %state.key(), nodeclaim = %claim.name, "launched; waiting for the Node to register");
         }
         // The NodeClaim went away while the launch waited: its release (queued) or the stale
@@ -139,7 +143,7 @@ async fn report_joined<C: Cluster, T: Transport>(
         .map_or(0.0, |milli| milli as f64 / 1000.0);
     state.ctx.metrics.attach(
         &claim.uid,
-        crate::actors::metrics::Billing {
+        crate::provider::metrics::Billing {
             nodepool: nodepool.to_string(),
             vcpus,
             price_per_cpu_hour: plan.class.spec.price_per_cpu_hour.parse().unwrap_or(0.0),
@@ -431,7 +435,7 @@ fn arch<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> String {
 fn node_labels(nc: &NodeClaim, host: &SSHHost, arch: String) -> BTreeMap<String, String> {
     let class = host.class();
     let mut labels = nc.metadata.labels.clone().unwrap_or_default();
-    labels.extend(crate::actors::router::instance_types::topology_labels(host));
+    labels.extend(crate::provider::instance_types::topology_labels(host));
     // A class split by architecture is offered as `<class>-<arch>`; the claim asked for that
     // (one of the types it lists, S55).
     let split = format!("{class}-{arch}");

@@ -9,7 +9,6 @@ pub mod launch;
 pub mod node_identity;
 pub mod phases;
 pub mod probe;
-pub mod probe_clock;
 pub mod registration;
 pub mod release;
 pub mod target;
@@ -26,7 +25,7 @@ use crate::api::{ClaimRef, HostState, SSHHost};
 use crate::k8s::Cluster;
 use crate::ssh::Transport;
 
-use super::Context;
+use crate::provider::Context;
 
 /// Messages a host actor understands.
 #[derive(Debug)]
@@ -35,7 +34,7 @@ pub enum HostMsg {
     Observed(std::sync::Arc<SSHHost>),
     /// Probe now (a new actor, the router's nudge).
     Probe,
-    /// The periodic probe scheduled with this ticket is due (see [`probe_clock`]); stale if
+    /// The periodic probe scheduled with this ticket is due (see [`crate::provider::probe_clock`]); stale if
     /// another probe ran and rescheduled since.
     ProbeDue(u64),
     /// The router claimed this host for a NodeClaim: install if needed, then join.
@@ -100,7 +99,7 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     /// A CapacityDrift event was emitted for the current episode (`None`: no probe has
     /// judged drift since this actor started).
     pub drift_reported: Option<bool>,
-    /// The ticket of the periodic probe now scheduled (see [`probe_clock`]).
+    /// The ticket of the periodic probe now scheduled (see [`crate::provider::probe_clock`]).
     pub probe_ticket: u64,
     /// Consecutive failed probes, for backoff.
     pub failures: u32,
@@ -125,7 +124,7 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
 
     /// Adopt a newer object (our own write, or a watch event), never an older one.
     pub fn observe(&mut self, host: impl Into<std::sync::Arc<SSHHost>>) {
-        use crate::actors::context::rv;
+        use crate::provider::context::rv;
         let host = host.into();
         let version = rv(&host);
         // `seen` is the held host's version (published here and only here), so the held
@@ -218,7 +217,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
         ctx.metrics.mailbox_in("host");
         let myself = myself.clone();
         let host = ctx.hosts.share(host);
-        seen.publish(crate::actors::context::rv(&host));
+        seen.publish(crate::provider::context::rv(&host));
         let state = HostActorState {
             ctx,
             name,
@@ -307,6 +306,13 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             HostMsg::AdoptDeadline(claim) => Box::pin(launch::adopt_deadline(state, &claim)).await,
         }
         Ok(())
+    }
+}
+
+/// The probe clock delivers a due periodic probe as a message to the host's actor.
+impl crate::provider::probe_clock::ProbeTarget for ActorRef<HostMsg> {
+    fn probe_due(&self, ticket: u64) -> bool {
+        self.send_message(HostMsg::ProbeDue(ticket)).is_ok()
     }
 }
 

@@ -7,9 +7,9 @@
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::actors::Context;
 use crate::api::SSHHost;
 use crate::k8s::{Cluster, ClusterError};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// What identifies a claim's Node.

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::HostActorState;
-use crate::actors::metrics::InFlight;
+use crate::provider::metrics::InFlight;
 
 /// Bytes of a failed script's output kept (after redaction) in a failure message: its end,
 /// where the cause is (S64). Events and status stay well under Kubernetes' size limits.

@@ -92,7 +92,7 @@ fn schedule<C: Cluster, T: Transport>(
     state.probe_ticket = state.probe_ticket.wrapping_add(1);
     state.ctx.probe_clock.schedule(
         tokio::time::Instant::now() + after,
-        myself.clone(),
+        Box::new(myself.clone()),
         state.probe_ticket,
         &state.ctx.metrics,
     );

@@ -285,7 +285,7 @@ fn registered_for<C: Cluster, T: Transport>(
     let expected = (state.host.status.as_ref()).and_then(|s| s.provider_id.as_deref());
     let ours = match expected {
         Some(p) => p == provider_id && node_identity::is_claims(node, &claim.name, &claim.uid),
-        None => crate::actors::context::internal_ips(node)
+        None => crate::provider::context::internal_ips(node)
             .contains(&state.host.node_address().to_string()),
     };
     ours.then(|| provider_id.to_string())
@@ -536,7 +536,7 @@ fn zombie_action<C: Cluster, T: Transport>(state: &HostActorState<C, T>, action:
         _ => "parked",
     };
     span.record("outcome", outcome);
-    use crate::actors::metrics::zombie;
+    use crate::provider::metrics::zombie;
     state.ctx.metrics.zombie_action(match action {
         "leave" => zombie::LEFT,
         "foreign" => zombie::PARKED_FOREIGN,

@@ -17,11 +17,11 @@ use tokio::task::JoinHandle;
 
 use super::choose::{Offer, Ranking};
 use super::claim::{self, ClaimOutcome, ClaimResult};
-use super::instance_types::InstanceTypeError;
 use super::{RouterState, claim_ref, holder, launched, reconcile, send};
 use crate::actors::host::HostMsg;
 use crate::api::{ClaimRef, NodeClaim, SSHHost, SSHJoinProfile, SSHNodeClass};
 use crate::k8s::{Cluster, ClusterError};
+use crate::provider::instance_types::InstanceTypeError;
 use crate::ssh::Transport;
 use crate::telemetry::lifecycle::{Subject, nodepool_of};
 

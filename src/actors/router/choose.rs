@@ -8,13 +8,13 @@
 
 use std::borrow::Borrow;
 
-use super::instance_types::{
-    ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types,
-    topology_labels, type_of, usable,
-};
 use crate::api::quantity;
 use crate::api::requirements::all_match;
 use crate::api::{NodeClaim, SSHHost, SSHNodeClass};
+use crate::provider::instance_types::{
+    ClassSelector, InstanceType, InstanceTypeError, capacity_of, claimable, instance_types,
+    topology_labels, type_of, usable,
+};
 
 /// What a class offers, apart from which hosts are free: its instance types and its
 /// members (selected, usable hosts with an instance type) as (index in the host list, type,

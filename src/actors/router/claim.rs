@@ -6,12 +6,12 @@
 use ractor::ActorRef;
 
 use super::RouterMsg;
-use crate::actors::Context;
 use crate::actors::host::launch::set_launched;
 use crate::api::karpenter::TERMINATION_FINALIZER;
 use crate::api::{ClaimRef, HostState, NodeClaim, SSHHost};
 use crate::k8s::events;
 use crate::k8s::{Cluster, ClusterError, EventType, finalizers};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// What a claim task did, for the router to apply.

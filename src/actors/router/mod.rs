@@ -10,7 +10,6 @@
 pub mod burst;
 pub mod choose;
 pub mod claim;
-pub mod instance_types;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::marker::PhantomData;
@@ -21,7 +20,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use super::Context;
 use super::host::HostMsg;
 use super::host::node_identity::{self, Identity};
 use super::host::registration::{TOKEN_NAMESPACE, token_secret_name};
@@ -29,6 +27,7 @@ use super::supervisor::SupervisorMsg;
 use crate::api::karpenter::TERMINATION_FINALIZER;
 use crate::api::{ClaimRef, NodeClaim};
 use crate::k8s::{Cluster, ClusterError, WatchEvent, finalizers};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 const TICK: Duration = Duration::from_secs(1);

@@ -13,11 +13,11 @@ use super::super::{budgets, nodepool_hash, pods};
 use super::blockers::{Pdbs, blocker};
 use super::consolidation::pods_by_node;
 use super::{Reason, replacement};
-use crate::actors::Context;
-use crate::actors::drift::drift;
 use crate::api::requirements;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::Cluster;
+use crate::provider::Context;
+use crate::provider::drift::drift;
 use crate::ssh::Transport;
 
 pub(super) fn annotated(meta: &kube::api::ObjectMeta, key: &str) -> bool {

@@ -23,11 +23,11 @@ use super::candidates::Candidate;
 use super::replacement::{self, Progress, Replacer, abandon, launch};
 use super::validation::{Decision, Verdict, validate};
 use super::{Notices, Reason, mark};
-use crate::actors::Context;
 use crate::api::karpenter::DISRUPTED_TAINT_KEY;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// A replacement not Initialized this long after it was created is given up (core's

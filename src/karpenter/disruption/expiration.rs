@@ -8,10 +8,10 @@ use std::sync::Arc;
 use super::super::termination::parse_duration;
 use super::super::{KarpenterError, state::ClusterState};
 use super::Reason;
-use crate::actors::Context;
 use crate::api::NodeClaim;
 use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// Delete every expired NodeClaim of ours; their names.

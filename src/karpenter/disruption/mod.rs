@@ -38,11 +38,11 @@ use super::scheduling::{PodInfo, sort_pods};
 use super::state::{ClusterState, Inner, NsKey};
 use super::termination::taint_node;
 use super::{KarpenterConfig, KarpenterError, budgets, pods};
-use crate::actors::Context;
 use crate::api::DISRUPTION_ANNOTATION;
 use crate::api::{NodeClaim, NodePool, SSHJoinProfile, SSHNodeClass};
 use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 pub use blockers::DISRUPTION_BLOCKED;

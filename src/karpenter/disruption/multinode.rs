@@ -20,10 +20,10 @@ use super::exchange::{cordon, uncordon};
 use super::replacement::{Replacer, launch_for};
 use super::validation::{Decision, Verdict, validate};
 use super::{Disrupter, KarpenterError, Reason, Round, mark};
-use crate::actors::Context;
 use crate::api::karpenter::claim_type;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::Cluster;
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// Core's `maxParallel`: the search looks at the first 100 candidates (101 when there are

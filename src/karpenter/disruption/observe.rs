@@ -11,10 +11,10 @@ use k8s_openapi::api::core::v1::Node;
 use super::super::budgets;
 use super::blockers::DISRUPTION_BLOCKED;
 use super::{Notices, Reason};
-use crate::actors::Context;
 use crate::api::{NodeClaim, NodePool};
 use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// Core's event reason for a candidate consolidation cannot act on.

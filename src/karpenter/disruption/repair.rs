@@ -19,10 +19,10 @@ use super::super::state::{ClusterState, Inner};
 use super::super::termination::deadline::{self, Recorded, TERMINATION_TIMESTAMP_ANNOTATION};
 use super::super::{KarpenterConfig, KarpenterError};
 use super::Notices;
-use crate::actors::Context;
 use crate::api::{NodeClaim, NodePool};
 use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// Event on the NodeClaim (and its NodePool) when repair holds back.

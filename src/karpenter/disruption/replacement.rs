@@ -14,12 +14,12 @@ use super::super::provisioning::pack::{Choice, capacity_with_node, pool_usage, w
 use super::super::provisioning::{NewClaim, PoolOffer, build_claim, claim_name, unheld_per_type};
 use super::super::scheduling::{PodInfo, SimNode};
 use super::super::state::{ClusterState, Inner};
-use crate::actors::Context;
-use crate::actors::router::instance_types::instance_types;
 use crate::api::karpenter::claim_type;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::events;
 use crate::k8s::{Cluster, EventType};
+use crate::provider::Context;
+use crate::provider::instance_types::instance_types;
 use crate::ssh::Transport;
 
 /// On the NodeClaim being replaced: the name of its replacement.

@@ -10,9 +10,9 @@ use super::super::termination::is_marked;
 use super::super::{KarpenterError, pods};
 use super::blockers::{Pdbs, blocker};
 use super::{Reason, replacement};
-use crate::actors::Context;
 use crate::api::NodeClaim;
 use crate::k8s::Cluster;
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// What validation found.

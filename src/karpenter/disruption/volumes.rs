@@ -11,9 +11,9 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 use super::super::KarpenterError;
 use super::super::scheduling::PodInfo;
-use crate::actors::Context;
 use crate::api::karpenter::NodeSelectorRequirement;
 use crate::k8s::Cluster;
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// How long a claim's answer is kept.

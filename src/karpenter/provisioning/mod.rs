@@ -21,8 +21,6 @@ use super::scheduling::PodInfo;
 use super::state::{ClusterState, Inner};
 use super::topology::{Mode, Topology};
 use super::{KarpenterConfig, KarpenterError};
-use crate::actors::Context;
-use crate::actors::router::instance_types::{InstanceType, instance_types};
 use crate::api::karpenter::claim_type;
 use crate::api::karpenter::{
     INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, NodeClaimSpec, NodeSelectorRequirement, ResourceRequests,
@@ -31,6 +29,8 @@ use crate::api::quantity;
 use crate::api::requirements::Requirements;
 use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::k8s::{Cluster, EventRecord, EventType, ObjectRef};
+use crate::provider::Context;
+use crate::provider::instance_types::{InstanceType, instance_types};
 use crate::ssh::Transport;
 use k8s_openapi::api::core::v1::Taint;
 
@@ -238,7 +238,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
         &self,
         pools: &[NodePool],
     ) -> Result<(Vec<PoolOffer>, Vec<String>), KarpenterError> {
-        use crate::actors::availability::{class_blocker, no_host};
+        use crate::provider::availability::{class_blocker, no_host};
         let hosts = self.ctx.hosts.snapshot();
         let mut classes: BTreeMap<String, Option<SSHNodeClass>> = BTreeMap::new();
         let daemonsets = {

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 
 use jiff::Timestamp;
 
-use crate::actors::Context;
 use crate::k8s::{Cluster, EventRecord, EventType, ObjectRef};
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 /// Core's event reason.

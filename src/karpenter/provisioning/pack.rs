@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
-use crate::actors::router::instance_types::{InstanceType, Offering};
 use crate::api::DISRUPTION_ANNOTATION;
 use crate::api::karpenter::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, NodeSelectorRequirement,
@@ -19,6 +18,7 @@ use crate::api::{NodeClaim, NodePool, SSHNodeClass};
 use crate::karpenter::pods;
 use crate::karpenter::scheduling::{HOSTNAME_KEY, PodInfo, SimNode};
 use crate::karpenter::state::Inner;
+use crate::provider::instance_types::{InstanceType, Offering};
 
 use crate::api::karpenter::{claim_type, claim_types};
 
@@ -485,8 +485,8 @@ pub fn inflight_nodes(
 mod tests {
     use super::super::solve::pack;
     use super::*;
-    use crate::actors::router::instance_types::Offering;
     use crate::karpenter::scheduling::{fits_resources, pods_allow};
+    use crate::provider::instance_types::Offering;
     use rand::{Rng, SeedableRng};
 
     fn offer() -> PoolOffer {

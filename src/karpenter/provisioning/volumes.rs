@@ -11,11 +11,11 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use crate::actors::Context;
 use crate::api::karpenter::NodeSelectorRequirement;
 use crate::k8s::Cluster;
 use crate::karpenter::KarpenterError;
 use crate::karpenter::scheduling::PodInfo;
+use crate::provider::Context;
 use crate::ssh::Transport;
 
 const KEEP: Duration = Duration::from_secs(10 * 60);

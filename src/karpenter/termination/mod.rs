@@ -22,12 +22,12 @@ use tokio::time::Instant;
 
 use super::state::ClusterState;
 use super::{KarpenterConfig, KarpenterError, pods};
-use crate::actors::Context;
 use crate::api::NodeClaim;
 use crate::api::karpenter::DISRUPTED_TAINT_KEY;
 use crate::api::{DISRUPTION_ANNOTATION, DRAINED_ANNOTATION};
 use crate::k8s::events;
 use crate::k8s::{Cluster, ClusterError, EventType};
+use crate::provider::Context;
 use crate::ssh::Transport;
 use deadline::{Recorded, TERMINATION_TIMESTAMP_ANNOTATION};
 

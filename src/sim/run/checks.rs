@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use super::{Runner, TOKEN_NS, Violation, launched};
-use crate::actors::Config;
+use crate::provider::Config;
 use crate::sim::workload;
 
 /// Everything the invariants need between steps.

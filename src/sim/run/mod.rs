@@ -39,11 +39,11 @@ use super::mirror::Mirror;
 use super::scenario::{NodeIdentity, Scenario};
 use super::workload::{self, Workload};
 use super::world::{World, host_object, node_class, node_pool, sim_profile};
-use crate::actors::Config;
 use crate::api::{HOST_CLASS_LABEL, HostState, NodeClaim, ProviderIdSource, SSHHost};
 use crate::k8s::memory::WriteKind;
 use crate::k8s::{Cluster, ClusterError, MemoryCluster, WatchEvent, WatchStream};
 use crate::karpenter::KarpenterConfig;
+use crate::provider::Config;
 
 pub const PROFILE: &str = "sim";
 const TOKEN_NS: &str = "kube-system";

@@ -35,7 +35,7 @@ pub struct Context<C: Cluster, T: Transport> {
     /// Recent launch outcomes per node class (S63's class-level pause).
     pub launches: super::launches::LaunchLedger,
     /// Every host actor's next periodic probe.
-    pub probe_clock: super::host::probe_clock::ProbeClock,
+    pub probe_clock: super::probe_clock::ProbeClock,
     /// The one random source (token values, jitter): seeded, so a simulation run replays.
     rng: Arc<Mutex<ChaCha8Rng>>,
 }

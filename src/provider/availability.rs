@@ -9,7 +9,7 @@ use std::borrow::Borrow;
 use crate::api::nodeclass::reason;
 use crate::api::{HostState, SSHHost, SSHNodeClass};
 
-use super::router::instance_types::{ClassSelector, claimable};
+use super::instance_types::{ClassSelector, claimable};
 
 /// Ready reasons that stop launches for the class (NoHosts is said by the host count).
 const BLOCKING: [&str; 5] = [

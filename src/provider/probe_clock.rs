@@ -13,17 +13,21 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::{Arc, OnceLock};
 
-use ractor::ActorRef;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::HostMsg;
-use crate::actors::metrics::SharedMetrics;
+use super::metrics::SharedMetrics;
 
-/// One scheduled probe: `HostMsg::ProbeDue(ticket)` to `to` at `at`.
+/// Who a due probe goes to: the host actor (`crate::actors::host`), which takes it as a
+/// `ProbeDue(ticket)` message. Returns whether it was delivered.
+pub trait ProbeTarget: Send + 'static {
+    fn probe_due(&self, ticket: u64) -> bool;
+}
+
+/// One scheduled probe: `ticket` to `to` at `at`.
 struct Due {
     at: Instant,
-    to: ActorRef<HostMsg>,
+    to: Box<dyn ProbeTarget>,
     ticket: u64,
 }
 
@@ -35,11 +39,11 @@ pub struct ProbeClock {
 }
 
 impl ProbeClock {
-    /// Deliver `HostMsg::ProbeDue(ticket)` to `to` at `at`.
+    /// Deliver `ticket` to `to` at `at`.
     pub fn schedule(
         &self,
         at: Instant,
-        to: ActorRef<HostMsg>,
+        to: Box<dyn ProbeTarget>,
         ticket: u64,
         metrics: &SharedMetrics,
     ) {
@@ -63,7 +67,7 @@ type Queue = BinaryHeap<Reverse<Queued>>;
 struct Queued {
     at: Instant,
     seq: u64,
-    to: ActorRef<HostMsg>,
+    to: Box<dyn ProbeTarget>,
     ticket: u64,
 }
 
@@ -126,7 +130,7 @@ async fn deliver(mut rx: mpsc::UnboundedReceiver<Due>, metrics: SharedMetrics) {
                     let Some(Reverse(Queued { to, ticket, .. })) = queue.pop() else {
                         break;
                     };
-                    if to.send_message(HostMsg::ProbeDue(ticket)).is_ok() {
+                    if to.probe_due(ticket) {
                         metrics.mailbox_in("host");
                     }
                 }
@@ -139,39 +143,18 @@ async fn deliver(mut rx: mpsc::UnboundedReceiver<Due>, metrics: SharedMetrics) {
 mod tests {
     use std::time::Duration;
 
-    use ractor::{Actor, ActorProcessingErr, ActorRef};
     use tokio::sync::mpsc;
     use tokio::time::Instant;
 
-    use super::ProbeClock;
-    use crate::actors::host::HostMsg;
+    use super::{ProbeClock, ProbeTarget};
 
-    /// Stands in for a host actor: reports each `ProbeDue` with the virtual time it came.
-    struct Recorder;
+    /// Stands in for a host actor: reports each due probe with the virtual time it came.
+    #[derive(Clone)]
+    struct Recorder(mpsc::UnboundedSender<(u64, Duration)>, Instant);
 
-    impl Actor for Recorder {
-        type Msg = HostMsg;
-        type State = (mpsc::UnboundedSender<(u64, Duration)>, Instant);
-        type Arguments = (mpsc::UnboundedSender<(u64, Duration)>, Instant);
-
-        async fn pre_start(
-            &self,
-            _: ActorRef<HostMsg>,
-            args: Self::Arguments,
-        ) -> Result<Self::State, ActorProcessingErr> {
-            Ok(args)
-        }
-
-        async fn handle(
-            &self,
-            _: ActorRef<HostMsg>,
-            msg: HostMsg,
-            (tx, origin): &mut Self::State,
-        ) -> Result<(), ActorProcessingErr> {
-            if let HostMsg::ProbeDue(ticket) = msg {
-                let _ = tx.send((ticket, origin.elapsed()));
-            }
-            Ok(())
+    impl ProbeTarget for Recorder {
+        fn probe_due(&self, ticket: u64) -> bool {
+            self.0.send((ticket, self.1.elapsed())).is_ok()
         }
     }
 
@@ -181,19 +164,15 @@ mod tests {
     async fn delivers_each_probe_at_its_time_in_order() {
         let origin = Instant::now();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let (a, _) = Actor::spawn(None, Recorder, (tx.clone(), origin))
-            .await
-            .expect("spawn");
-        let (b, _) = Actor::spawn(None, Recorder, (tx, origin))
-            .await
-            .expect("spawn");
+        let a = Recorder(tx.clone(), origin);
+        let b = Recorder(tx, origin);
         let clock = ProbeClock::default();
-        let metrics = std::sync::Arc::new(crate::actors::metrics::Metrics::new());
+        let metrics = std::sync::Arc::new(crate::provider::metrics::Metrics::new());
         let secs = Duration::from_secs;
-        clock.schedule(origin + secs(300), a.clone(), 1, &metrics);
-        clock.schedule(origin + secs(60), b.clone(), 7, &metrics);
-        clock.schedule(origin + secs(300), b.clone(), 8, &metrics);
-        clock.schedule(origin + secs(5), a.clone(), 2, &metrics);
+        clock.schedule(origin + secs(300), Box::new(a.clone()), 1, &metrics);
+        clock.schedule(origin + secs(60), Box::new(b.clone()), 7, &metrics);
+        clock.schedule(origin + secs(300), Box::new(b.clone()), 8, &metrics);
+        clock.schedule(origin + secs(5), Box::new(a.clone()), 2, &metrics);
         let mut got = vec![];
         for _ in 0..4 {
             got.push(rx.recv().await.expect("a probe"));
@@ -203,9 +182,7 @@ mod tests {
             [(2, secs(5)), (7, secs(60)), (1, secs(300)), (8, secs(300))]
         );
         // One scheduled after the clock went idle still wakes it.
-        clock.schedule(Instant::now() + secs(30), a.clone(), 3, &metrics);
+        clock.schedule(Instant::now() + secs(30), Box::new(a), 3, &metrics);
         assert_eq!(rx.recv().await, Some((3, secs(330))));
-        a.stop(None);
-        b.stop(None);
     }
 }
