@@ -19,6 +19,14 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v buildah >/dev/null 2>&1 || need+=(buildah)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
+# E11 (tests/e2e/kubelet.rs): a real kubelet's runtime and pod network on the node host, and
+# what the shipped tls-bootstrap profile uses there (curl fetches the kubelet, iptables
+# masquerades the bridge).
+command -v containerd >/dev/null 2>&1 || need+=(containerd)
+[ -x /usr/lib/cni/bridge ] || [ -x /opt/cni/bin/bridge ] || need+=(containernetworking-plugins)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 
 if ((${#need[@]})); then
   echo "test-deps: installing ${need[*]}" >&2
@@ -29,6 +37,6 @@ fi
 
 # sshd refuses to start without its privilege-separation directory.
 mkdir -p /run/sshd
-for tool in /usr/sbin/sshd ssh-keygen sudo shellcheck openssl promtool buildah podman runc go cargo; do
+for tool in /usr/sbin/sshd ssh-keygen sudo shellcheck openssl promtool buildah podman runc containerd ctr iptables curl unshare go cargo; do
   command -v "$tool" >/dev/null 2>&1 || { echo "test-deps: $tool is still missing" >&2; exit 1; }
 done

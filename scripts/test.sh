@@ -25,6 +25,15 @@ KPSSH_ORACLE=$(scripts/oracle.sh | tail -n 1)
 export KPSSH_ORACLE
 echo "oracle: $KPSSH_ORACLE" >&2
 
+step "E11 node: kubelet and pod images (built once, cached under ~/.cache/kpssh)"
+# The kubelet from the control plane's own k8s.io/kubernetes module, and the pause and workload
+# images as OCI archives of tests/node's static binary (tests/e2e/kubelet.rs).
+node_out=$(scripts/node.sh)
+KPSSH_NODE_KUBELET=$(printf '%s\n' "$node_out" | sed -n 's/^kubelet=//p')
+KPSSH_NODE_IMAGES=$(printf '%s\n' "$node_out" | sed -n 's/^images=//p')
+export KPSSH_NODE_KUBELET KPSSH_NODE_IMAGES
+echo "node: kubelet $KPSSH_NODE_KUBELET, images $KPSSH_NODE_IMAGES" >&2
+
 step "lint: rustfmt, clippy, shellcheck"
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings

@@ -3,7 +3,8 @@
 //! failures fire KpsshLaunchFailureRate and KpsshLaunchesFailing (KpsshJoinFailureRate of
 //! old counted joins only); a host that keeps failing launches while its probes look fine
 //! fires KpsshHostsBackingOff, and hosts flapping Unhealthy ↔ Available fire
-//! KpsshHostsFlapping where KpsshHostsUnhealthy stays silent.
+//! KpsshHostsFlapping where KpsshHostsUnhealthy stays silent. S59: a NodePool near its limit
+//! (Karpenter core's `karpenter_nodepools_usage` and `_limit`) fires KpsshNodePoolNearLimit.
 
 #[path = "support/apply.rs"]
 #[allow(dead_code)]
@@ -123,6 +124,25 @@ tests:
       - {eval_time: 45m, alertname: KpsshHostsBackingOff, exp_alerts: []}
       - {eval_time: 45m, alertname: KpsshHostsFlapping, exp_alerts: []}
       - {eval_time: 45m, alertname: KpsshHostsUnhealthy, exp_alerts: []}
+  # S59, on Karpenter core's names: a NodePool at 95% of its cpu limit; another at 50%, and a
+  # resource without a limit.
+  - interval: 1m
+    input_series:
+      - series: 'karpenter_nodepools_usage{nodepool="full",resource_type="cpu"}'
+        values: '95x60'
+      - series: 'karpenter_nodepools_limit{nodepool="full",resource_type="cpu"}'
+        values: '100x60'
+      - series: 'karpenter_nodepools_usage{nodepool="roomy",resource_type="cpu"}'
+        values: '50x60'
+      - series: 'karpenter_nodepools_limit{nodepool="roomy",resource_type="cpu"}'
+        values: '100x60'
+      - series: 'karpenter_nodepools_usage{nodepool="roomy",resource_type="memory"}'
+        values: '1000x60'
+    alert_rule_test:
+      - eval_time: 30m
+        alertname: KpsshNodePoolNearLimit
+        exp_alerts:
+          - exp_labels: {severity: info, nodepool: full, resource_type: cpu}
 "#;
 
 #[test]

@@ -652,10 +652,17 @@ pub fn exposed_names(exposition: &str) -> BTreeSet<String> {
 
 /// Every `kpssh_…` identifier in a PromQL text.
 pub fn referenced_names(promql: &str) -> BTreeSet<String> {
+    let mut out = referenced_with(promql, "kpssh_");
+    // S59: Karpenter core's names, which kpssh exposes beside its own.
+    out.extend(referenced_with(promql, "karpenter_"));
+    out
+}
+
+fn referenced_with(promql: &str, prefix: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let bytes = promql.as_bytes();
     let mut i = 0;
-    while let Some(pos) = promql[i..].find("kpssh_") {
+    while let Some(pos) = promql[i..].find(prefix) {
         let start = i + pos;
         let boundary =
             start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
@@ -1063,6 +1070,51 @@ fn full_exposition() -> String {
     };
     m.attached_vcpus.get_or_create(&pool).set(4.0);
     m.cost_per_hour.get_or_create(&pool).set(0.08);
+    // S59: Karpenter core's families (the scrape-time gauges come from the karpenter layer's
+    // state in a live controller; set here directly).
+    {
+        use kpssh::karpenter::metrics::{PodLabels, PoolReasonLabels, PoolResourceLabels};
+        let nc = kpssh::sim::world::node_claim("default-1", "pool", "1", "1Gi");
+        m.core.created("provisioned", "default");
+        m.core.disrupted("Underutilized", &nc);
+        m.core.terminated(&nc);
+        m.core.decision("delete", "Underutilized", "multi");
+        m.core
+            .eligible_nodes
+            .get_or_create(&kpssh::karpenter::metrics::ReasonLabels {
+                reason: "underutilized".into(),
+            })
+            .set(1);
+        m.core
+            .allowed_disruptions
+            .get_or_create(&PoolReasonLabels {
+                nodepool: "default".into(),
+                reason: "underutilized".into(),
+            })
+            .set(1);
+        let cpu = PoolResourceLabels {
+            nodepool: "default".into(),
+            resource_type: "cpu".into(),
+        };
+        m.core.nodepool_usage.get_or_create(&cpu).set(4.0);
+        m.core.nodepool_limit.get_or_create(&cpu).set(100.0);
+        m.core
+            .pods_state
+            .get_or_create(&PodLabels {
+                name: "p".into(),
+                namespace: "default".into(),
+                owner: String::new(),
+                node: "n".into(),
+                nodepool: "default".into(),
+                zone: "pool".into(),
+                arch: "amd64".into(),
+                capacity_type: "on-demand".into(),
+                instance_type: "small".into(),
+                phase: "Running".into(),
+                scheduled: "true".into(),
+            })
+            .set(1);
+    }
     // `kpssh controller` appends the leader gauge to the registry's text.
     let mut text = m.encode(&view);
     text.push_str(&kpssh::k8s::leader::exposition(true));
@@ -1143,8 +1195,8 @@ fn alerts_use_only_metrics_the_controller_exposes() {
     let exprs = alert_exprs(&objs);
     assert_eq!(
         exprs.len(),
-        7,
-        "unhealthy, zombies, launch failure rate, launches failing, backing off, flapping, no claimable host"
+        8,
+        "unhealthy, zombies, launch failure rate, launches failing, backing off, flapping, no claimable host, nodepool near limit"
     );
     check_references("the PrometheusRule", &exprs);
 }
@@ -1199,6 +1251,12 @@ fn dashboard_uses_only_metrics_the_controller_exposes() {
         r#"kpssh_instance_phase_duration_seconds_bucket{phase="leave""#,
         r#"kpssh_instance_phase_duration_seconds_count{outcome!="success"}"#,
         "kpssh_host_zombie_actions_total",
+        // S59: Karpenter core's names.
+        "karpenter_nodeclaims_created_total",
+        "karpenter_nodeclaims_disrupted_total",
+        "karpenter_voluntary_disruption_decisions_total",
+        "karpenter_nodepools_usage",
+        "karpenter_pods_state",
     ] {
         assert!(all.contains(needle), "no panel shows {needle}");
     }

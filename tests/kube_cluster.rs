@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, Secret};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kpssh::api::{HostState, SSHHost, SSHHostStatus, crds};
+use kpssh::api::{HostState, NodePool, SSHHost, SSHHostStatus, crds};
 use kpssh::k8s::{
     Cluster, ClusterError, DeleteOutcome, EvictOutcome, KubeCluster, Precondition, WatchEvent,
 };
@@ -310,4 +310,47 @@ async fn eviction_is_refused_by_a_disruption_budget_and_allowed_without() {
         c.evict(ns, "missing").await.expect("evict"),
         EvictOutcome::NotFound
     );
+}
+
+/// S58: a merge patch of the status subresource on a NodePool under upstream's CRD: status
+/// only (spec and generation stay), no resourceVersion needed, `null` removes a resource, and
+/// the schema takes `status.nodes` and `status.resources` as kpssh writes them.
+#[tokio::test]
+async fn s58_patch_status_merges_the_status_subresource_of_a_nodepool() {
+    let c = cluster("kc-np-status").await;
+    ControlPlane::shared()
+        .install_crds(&crds::karpenter_crds_yaml())
+        .await;
+    let name = "kc-np-status";
+    let mut np = kpssh::sim::world::node_pool(name, "default");
+    np.spec.weight = Some(5);
+    let _ = c.delete::<NodePool>(None, name, None).await;
+    let created = c.create(&np).await.expect("create");
+    let first = json!({"status": {
+        "resources": {"cpu": "4", "memory": "8Gi", "pods": "220", "ephemeral-storage": "0",
+                      "nodes": "2", "nvidia.com/gpu": "1"},
+        "nodes": 2,
+    }, "spec": {"weight": 9}});
+    let v2: NodePool = c.patch_status(None, name, &first).await.expect("patch");
+    let st = v2.status.clone().expect("status");
+    assert_eq!(st.nodes, Some(2));
+    assert_eq!(st.resources["memory"].0, "8Gi");
+    assert_eq!(v2.spec.weight, Some(5), "spec stays");
+    assert_eq!(v2.metadata.generation, created.metadata.generation);
+    let second = json!({"status": {"resources": {"cpu": "2", "nvidia.com/gpu": null}, "nodes": 1}});
+    let v3: NodePool = c.patch_status(None, name, &second).await.expect("patch");
+    let st = v3.status.expect("status");
+    assert_eq!(st.nodes, Some(1));
+    assert_eq!(st.resources["cpu"].0, "2");
+    assert_eq!(st.resources["memory"].0, "8Gi", "merged, not replaced");
+    assert!(!st.resources.contains_key("nvidia.com/gpu"), "null removes");
+    let bad = json!({"status": {"nodes": "many"}});
+    let err = c
+        .patch_status::<NodePool>(None, name, &bad)
+        .await
+        .expect_err("the schema refuses a non-integer node count");
+    assert!(matches!(err, ClusterError::Invalid { .. }), "{err}");
+    c.delete::<NodePool>(None, name, None)
+        .await
+        .expect("delete");
 }

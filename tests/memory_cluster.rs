@@ -351,3 +351,35 @@ async fn eviction_honours_disruption_budgets() {
         EvictOutcome::NotFound
     );
 }
+
+/// S58: a merge patch of the status subresource, as on a real API server
+/// (tests/kube_cluster.rs): status only, merged, `null` removes, a patch that changes nothing
+/// keeps the resourceVersion.
+#[tokio::test]
+async fn s58_patch_status_merges_status_only() {
+    use kpssh::api::NodePool;
+    let c = cluster();
+    let mut np = kpssh::sim::world::node_pool("np", "default");
+    np.spec.weight = Some(5);
+    let created = c.create(&np).await.expect("create");
+    let first = json!({"status": {"resources": {"cpu": "4", "memory": "8Gi"}, "nodes": 2},
+                       "spec": {"weight": 9}});
+    let v2: NodePool = c.patch_status(None, "np", &first).await.expect("patch");
+    assert_eq!(v2.status.as_ref().and_then(|s| s.nodes), Some(2));
+    assert_eq!(v2.spec.weight, Some(5), "spec stays");
+    assert_eq!(v2.metadata.generation, created.metadata.generation);
+    assert_ne!(
+        v2.metadata.resource_version,
+        created.metadata.resource_version
+    );
+    let second = json!({"status": {"resources": {"cpu": null}, "nodes": 1}});
+    let v3: NodePool = c.patch_status(None, "np", &second).await.expect("patch");
+    let st = v3.status.clone().expect("status");
+    assert_eq!(st.nodes, Some(1));
+    assert!(!st.resources.contains_key("cpu"), "null removes");
+    assert_eq!(st.resources["memory"].0, "8Gi", "merged");
+    let v4: NodePool = c.patch_status(None, "np", &second).await.expect("again");
+    assert_eq!(v4.metadata.resource_version, v3.metadata.resource_version);
+    let missing = c.patch_status::<NodePool>(None, "nope", &second).await;
+    assert!(matches!(missing, Err(ClusterError::NotFound { .. })));
+}

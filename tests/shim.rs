@@ -275,8 +275,8 @@ fn controller_verifies_ssh_keygen_signatures_for_every_key_type() {
 /// ssh-keygen RSA key and check both sides refuse it.
 #[test]
 fn sha1_rsa_signatures_are_refused_by_controller_and_shim() {
+    use russh::keys::ssh_key::{HashAlg, LineEnding, PrivateKey, SshSig};
     use signature::Signer as _;
-    use ssh_key::{HashAlg, LineEnding, PrivateKey, SshSig};
     let host = Host::v1();
     let rsa = keygen(host.dir.path(), "rsa", "rsa", Some("2048"));
     let private = PrivateKey::read_openssh_file(&rsa.private).expect("read key");
@@ -1089,11 +1089,16 @@ fn through_sshd_force_command() {
 /// A FIDO (`sk-…@openssh.com`) signature over `msg` with the given flags byte, made in software
 /// from an ssh-keygen key (ed25519 or ECDSA P-256) the way an authenticator would make it, for
 /// the FIDO application `app`. Returns the armored signature and the FIDO public key line.
-fn fido_signature(app: &str, flags: u8, key: &ssh_key::PrivateKey, msg: &[u8]) -> (String, String) {
+fn fido_signature(
+    app: &str,
+    flags: u8,
+    key: &russh::keys::ssh_key::PrivateKey,
+    msg: &[u8],
+) -> (String, String) {
+    use russh::keys::ssh_key::public::{EcdsaPublicKey, KeyData, SkEcdsaSha2NistP256, SkEd25519};
+    use russh::keys::ssh_key::{Algorithm, HashAlg, LineEnding, PublicKey, Signature, SshSig};
     use sha2::Digest as _;
     use signature::Signer as _;
-    use ssh_key::public::{EcdsaPublicKey, KeyData, SkEcdsaSha2NistP256, SkEd25519};
-    use ssh_key::{Algorithm, HashAlg, LineEnding, PublicKey, Signature, SshSig};
 
     let signed = SshSig::signed_data("kpssh", HashAlg::Sha512, msg).expect("signed data");
     let trailer = [flags, 0, 0, 0, 42];
@@ -1135,7 +1140,7 @@ fn fido_signature(app: &str, flags: u8, key: &ssh_key::PrivateKey, msg: &[u8]) -
 /// verify` accept them with the user-presence flag and refuse them without.
 #[test]
 fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
-    use ssh_key::PrivateKey;
+    use russh::keys::ssh_key::PrivateKey;
 
     let host = Host::v1();
     let app = "ssh:";
@@ -1184,7 +1189,7 @@ fn fido_signatures_verify_on_both_sides_and_need_user_presence() {
 /// blob's last five bytes.
 #[test]
 fn text_after_the_armor_does_not_change_the_fido_flags_read() {
-    use ssh_key::PrivateKey;
+    use russh::keys::ssh_key::PrivateKey;
 
     let host = Host::v1();
     let msg = SCRIPT.as_bytes();

@@ -1,6 +1,6 @@
 //! What every actor is handed: the ports, the clock, the settings and the shared limits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Node;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -100,41 +100,81 @@ impl<C: Cluster, T: Transport> Context<C, T> {
     }
 }
 
-/// The NodeClaim UIDs the router's watch has seen and not yet seen deleted. It lets the
-/// probe of a busy host skip the API read that confirms its claim still exists (S26): a UID
-/// present here is taken as live; an absent one is confirmed against the API. A view that
-/// lags behind a deletion costs one probe interval at most, and not even that, as the
-/// router's handling of the deletion sends the holder a probe right after updating it.
-#[derive(Clone, Default)]
+/// The NodeClaim UIDs the router's watch has seen and not yet seen deleted, each with whether
+/// it is being deleted. It lets the probe of a busy host skip the API read that confirms its
+/// claim still exists (S26): a UID present here is taken as live; an absent one is confirmed
+/// against the API. A view that lags behind a deletion costs one probe interval at most, and
+/// not even that, as the router's handling of the deletion sends the holder a probe right
+/// after updating it. A running join waits on [`ClaimView::notified`] to stop when its claim
+/// goes (S26).
+///
+/// A `DashMap`: every host actor reads it on each probe while the router writes it, and its
+/// sharded locks keep ten thousand readers from queueing behind one lock (or a writer).
+#[derive(Clone)]
 pub struct ClaimView {
-    uids: Arc<RwLock<HashSet<String>>>,
+    uids: Arc<dashmap::DashMap<String, bool>>,
+    /// One `Notify`, not a `watch` channel: a watch wakes its waiters in an order drawn from a
+    /// thread's random source, and two joins stopped in one instant then went on in another
+    /// order in each run of the same seed; `notify_waiters` wakes them in the order they
+    /// began waiting.
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl Default for ClaimView {
+    fn default() -> Self {
+        ClaimView {
+            uids: Arc::default(),
+            changed: Arc::new(tokio::sync::Notify::new()),
+        }
+    }
 }
 
 impl ClaimView {
-    pub fn insert(&self, uid: &str) {
-        let mut uids = self.uids.write().unwrap_or_else(|p| p.into_inner());
-        if !uids.contains(uid) {
-            uids.insert(uid.to_string());
+    fn bump(&self) {
+        self.changed.notify_waiters();
+    }
+
+    /// A claim seen by the watch, and whether it carries a deletion timestamp.
+    pub fn insert(&self, uid: &str, deleting: bool) {
+        if self.uids.get(uid).map(|d| *d) != Some(deleting) {
+            self.uids.insert(uid.to_string(), deleting);
+            self.bump();
         }
     }
 
     pub fn remove(&self, uid: &str) {
-        self.uids
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
+        if self.uids.remove(uid).is_some() {
+            self.bump();
+        }
     }
 
-    pub fn replace_all<'a>(&self, uids: impl IntoIterator<Item = &'a str>) {
-        *self.uids.write().unwrap_or_else(|p| p.into_inner()) =
-            uids.into_iter().map(str::to_string).collect();
+    /// The view after a relist: UIDs in both stay put (a reader never misses one), the ones
+    /// gone are removed and the new ones added.
+    pub fn replace_all<'a>(&self, uids: impl IntoIterator<Item = (&'a str, bool)>) {
+        let keep: HashMap<&str, bool> = uids.into_iter().collect();
+        self.uids.retain(|u, _| keep.contains_key(u.as_str()));
+        for (u, d) in keep {
+            if self.uids.get(u).map(|x| *x) != Some(d) {
+                self.uids.insert(u.to_string(), d);
+            }
+        }
+        self.bump();
     }
 
     pub fn contains(&self, uid: &str) -> bool {
-        self.uids
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(uid)
+        self.uids.contains_key(uid)
+    }
+
+    /// Present and not being deleted.
+    pub fn live(&self, uid: &str) -> bool {
+        self.uids.get(uid).map(|d| *d) == Some(false)
+    }
+
+    /// Resolves at the next insertion, deletion or deletion timestamp the view records after
+    /// it was created and `enable`d (enable it before looking at the view, or a change between
+    /// the look and the wait is missed).
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
     }
 }
 
@@ -574,20 +614,37 @@ mod tests {
     #[test]
     fn claim_view_follows_inserts_removals_and_restarts() {
         let view = ClaimView::default();
+        let woken = |view: &ClaimView, change: &dyn Fn(&ClaimView)| {
+            let n = view.notified();
+            futures::pin_mut!(n);
+            n.as_mut().enable();
+            change(view);
+            futures::FutureExt::now_or_never(n).is_some()
+        };
         assert!(!view.contains("u1"));
-        view.insert("u1");
-        view.insert("u1");
-        view.insert("u2");
+        assert!(
+            woken(&view, &|v| v.insert("u1", false)),
+            "an insertion wakes"
+        );
+        assert!(
+            !woken(&view, &|v| v.insert("u1", false)),
+            "a repeat does not"
+        );
+        view.insert("u2", false);
         assert!(view.contains("u1") && view.contains("u2"));
+        assert!(view.live("u1"));
+        // A deletion timestamp: still present (not stale), no longer live; it wakes waiters.
+        assert!(woken(&view, &|v| v.insert("u1", true)));
+        assert!(view.contains("u1") && !view.live("u1"));
         view.remove("u1");
-        assert!(!view.contains("u1"));
+        assert!(!view.contains("u1") && !view.live("u1"));
         // A watch restart replaces the view: a UID deleted while the watch was down is gone.
-        view.replace_all(["u3"]);
+        view.replace_all([("u3", false), ("u5", true)]);
         assert!(!view.contains("u2"));
-        assert!(view.contains("u3"));
+        assert!(view.live("u3") && view.contains("u5") && !view.live("u5"));
         // Clones share one view (router writes, host actors read).
         let reader = view.clone();
-        view.insert("u4");
+        view.insert("u4", false);
         assert!(reader.contains("u4"));
     }
 }

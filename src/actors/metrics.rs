@@ -1,4 +1,5 @@
-//! Prometheus metrics. Names kept from the Go provider (DESIGN §1) plus kpssh's own. The Go
+//! Prometheus metrics. Names kept from the Go provider (DESIGN §1) plus kpssh's own, and
+//! Karpenter core's (`karpenter_*`, [`crate::karpenter::metrics`]). The Go
 //! provider's four series also keep its label values (`outcome` `success` | `error`, zombie
 //! `action` `left` | `parked_foreign` | `leave_failed`) and its histogram buckets
 //! ([`SSH_BUCKETS`]), so that dashboards and alerts written for it keep working.
@@ -115,6 +116,8 @@ pub struct Metrics {
     pub launch_failures: Family<ClassPhaseLabels, Counter>,
     /// S63: hosts whose launch backoff runs now, by class (set at scrape time).
     pub hosts_backing_off: Family<ClassLabels, Gauge>,
+    /// S59: Karpenter core's `karpenter_*` metrics, beside these.
+    pub core: crate::karpenter::metrics::CoreMetrics,
     /// Claim UID → its billing line.
     billing: Mutex<BTreeMap<String, Billing>>,
     /// NodePools ever billed, kept at zero when empty (flat lines, not gaps).
@@ -282,6 +285,7 @@ impl Metrics {
             cost_per_hour,
             launch_failures,
             hosts_backing_off,
+            core: crate::karpenter::metrics::CoreMetrics::new(),
             billing: Mutex::new(BTreeMap::new()),
             billed_pools: Mutex::new(BTreeSet::new()),
             pending_since: Mutex::new(BTreeMap::new()),
@@ -481,7 +485,10 @@ impl Metrics {
         }
         self.refresh_billing();
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        let encoded = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)
+            .and_then(|()| self.core.encode_into(&mut out))
+            .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut out));
+        if encoded.is_err() {
             out.clear();
         }
         out

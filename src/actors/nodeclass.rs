@@ -292,13 +292,9 @@ async fn cluster_info_endpoint<C: Cluster>(cluster: &C) -> Result<(), String> {
         .and_then(|c| c.data)
         .and_then(|d| d.get("kubeconfig").cloned())
         .ok_or("kube-public/cluster-info does not exist or has no kubeconfig")?;
-    let parsed: serde_yaml::Value = serde_yaml::from_str(&kubeconfig)
-        .map_err(|_| "kube-public/cluster-info's kubeconfig is not YAML")?;
-    parsed["clusters"][0]["cluster"]["server"]
-        .as_str()
-        .filter(|s| !s.is_empty())
+    crate::k8s::cluster_info::endpoint(&kubeconfig)
         .map(|_| ())
-        .ok_or_else(|| "kube-public/cluster-info's kubeconfig names no server".to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// The Ready condition's (ok, reason, message) for a class (S32).

@@ -254,6 +254,9 @@ pub struct Budget {
 pub struct NodePoolStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resources: BTreeMap<String, Quantity>,
+    /// The count of the NodePool's nodes (core's `status.nodes`, the `nodes` resource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(flatten)]

@@ -2,6 +2,7 @@
 //! `karpenter.sh/v1` that kpssh consumes. CRDs are generated from these types (`crds`).
 
 pub mod crds;
+pub mod duration;
 pub mod host;
 pub mod karpenter;
 pub mod nodeclass;

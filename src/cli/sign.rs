@@ -224,47 +224,19 @@ pub fn sign_document(
 /// namespace, SHA-1 RSA or a corrupted signature before it lands in the profile.
 fn check_own_signature(armored: &str, message: &[u8]) -> anyhow::Result<(String, String)> {
     let sig = sshsig::parse_armored(armored)?;
-    let key = ssh_key::PublicKey::from(sig.public_key().clone());
+    let key = russh::keys::ssh_key::PublicKey::from(sig.public_key().clone());
     let line = key.to_openssh().context("encoding the signer key")?;
     let trusted = sshsig::TrustedSigners::parse(&[line])?;
     let who = trusted.verify(armored, message)?;
     Ok((who.fingerprint, who.algorithm))
 }
 
-/// `^([0-9]+(s|m|h))+$` → seconds.
+/// `^([0-9]+(s|m|h))+$` → seconds, more than zero (a validity).
 pub fn parse_duration(s: &str) -> anyhow::Result<i64> {
-    let bad = || anyhow!("duration {s:?} must look like 720h, 90m or 1h30m");
-    if s.is_empty() {
-        return Err(bad());
-    }
-    let mut total: i64 = 0;
-    let mut num: Option<i64> = None;
-    for c in s.chars() {
-        if let Some(d) = c.to_digit(10) {
-            let n = num.unwrap_or(0);
-            num = Some(
-                n.checked_mul(10)
-                    .and_then(|n| n.checked_add(i64::from(d)))
-                    .ok_or_else(bad)?,
-            );
-            continue;
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            _ => return Err(bad()),
-        };
-        let n = num.take().ok_or_else(bad)?;
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(bad)?;
-    }
-    if num.is_some() || total == 0 {
-        return Err(bad());
-    }
-    Ok(total)
+    crate::api::duration::pattern(s)
+        .filter(|d| !d.is_zero())
+        .and_then(|d| i64::try_from(d.as_secs()).ok())
+        .ok_or_else(|| anyhow!("duration {s:?} must look like 720h, 90m or 1h30m"))
 }
 
 /// Sign `message` (on stdin) with `ssh-keygen -Y sign -n kpssh -f key`; returns the armored

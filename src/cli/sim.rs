@@ -1,6 +1,7 @@
 //! `kpssh sim`: the deterministic capacity and savings planner. Runs the real controller
 //! against simulated hosts and an in-memory API on a paused clock (`docs/simulation.md`).
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -36,7 +37,8 @@ pub struct SimArgs {
     /// Write the full trace (one line per API event and host action) to FILE.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// No progress bar.
+    /// No progress bar (there is none either when stderr is not a terminal: `\r` frames
+    /// would fill a redirected log).
     #[arg(long, short)]
     pub quiet: bool,
 }
@@ -63,7 +65,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<i32> {
     let opts = RunOptions {
         keep_trace: args.trace.is_some(),
         timeline: args.report.is_some(),
-        progress: !args.quiet,
+        progress: progress_bar(args.quiet, std::io::stderr().is_terminal()),
         base_dir,
     };
     // The simulation needs its own paused, single-threaded runtime: run it on a thread of
@@ -194,4 +196,24 @@ pub fn table(s: &Summary) -> String {
         ));
     }
     out
+}
+
+/// Whether `kpssh sim` draws its progress bar: only on a terminal, and not with `--quiet`.
+fn progress_bar(quiet: bool, stderr_is_terminal: bool) -> bool {
+    !quiet && stderr_is_terminal
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::progress_bar;
+
+    #[test]
+    fn the_progress_bar_is_drawn_only_on_a_terminal() {
+        assert!(progress_bar(false, true));
+        assert!(
+            !progress_bar(false, false),
+            "redirected stderr gets no \\r frames"
+        );
+        assert!(!progress_bar(true, true));
+    }
 }

@@ -186,6 +186,16 @@ pub trait Cluster: Clone + Send + Sync + 'static {
         patch: &Value,
     ) -> impl Future<Output = Result<K, ClusterError>> + Send;
 
+    /// JSON merge patch (RFC 7386) of the status subresource: only `patch["status"]` is
+    /// applied (metadata and spec stay); no resourceVersion, so it never conflicts. A patch
+    /// that changes nothing leaves the object (and its resourceVersion) as it was.
+    fn patch_status<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> impl Future<Output = Result<K, ClusterError>> + Send;
+
     fn delete<K: Object>(
         &self,
         ns: Option<&str>,

@@ -234,6 +234,21 @@ impl Cluster for KubeCluster {
         self.call(&kind_of::<K>(), &key, req).await
     }
 
+    async fn patch_status<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<K, ClusterError> {
+        let key = object_key(ns, name);
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let req = request_for::<K>(ns).patch_subresource("status", name, &pp, &Patch::Merge(patch));
+        self.call(&kind_of::<K>(), &key, req).await
+    }
+
     async fn delete<K: Object>(
         &self,
         ns: Option<&str>,

@@ -850,6 +850,35 @@ impl Cluster for MemoryCluster {
         read(&new)
     }
 
+    async fn patch_status<K: Object>(
+        &self,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<K, ClusterError> {
+        let mut st = self.lock();
+        let key = Self::key::<K>(ns, name);
+        let display = object_key(ns, name);
+        let stored = st.stored_for(WriteKind::ReplaceStatus, &key, &display)?;
+        let Some(status) = patch.get("status") else {
+            return read(&stored);
+        };
+        let stored_json = stored.json()?;
+        let mut new = stored_json.clone();
+        // Only the status moves (the subresource ignores the rest).
+        merge_patch(&mut new, &json!({ "status": status }));
+        st.stats.status_writes += 1;
+        *st.stats
+            .status_writes_by_kind
+            .entry(key.kind.to_string())
+            .or_insert(0) += 1;
+        if new == stored_json {
+            return read(&stored);
+        }
+        let new = st.store::<K>(&key, new)?;
+        read(&new)
+    }
+
     async fn delete<K: Object>(
         &self,
         ns: Option<&str>,

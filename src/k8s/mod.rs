@@ -2,6 +2,7 @@
 //! (`kube_cluster`) and an in-memory one for the deterministic simulation (`memory`).
 
 pub mod cluster;
+pub mod cluster_info;
 pub mod error;
 pub mod finalizers;
 pub mod kube_cluster;

@@ -1,12 +1,22 @@
-//! Disruption budgets: `nodes` as a count or a percentage of the NodePool's nodes, optionally
-//! only during `schedule` (5-field cron, UTC) + `duration`, optionally only for some reasons.
+//! Disruption budgets as core counts them (S59): `nodes` as a count or a percentage (rounded
+//! up) of the NodePool's initialized nodes, optionally only during `schedule` (robfig/cron
+//! semantics, UTC, [`super::cron`]) + `duration`, optionally only for some reasons; the most
+//! restrictive active budget applies. A budget that cannot be read (a schedule robfig rejects,
+//! a `duration` without a `schedule`, `nodes` that is neither a count nor a percentage) allows
+//! 0 disruptions for every reason of its NodePool, as core fails closed on any budget error.
+//!
+//! [`usage`] counts as core's `BuildDisruptionBudgetMapping`: the denominator is the
+//! NodePool's initialized nodes (a node still launching does not widen a percentage), and a
+//! node that is NotReady, being deleted or marked for disruption uses up the budget.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
-use jiff::tz::TimeZone;
 
-use super::termination::parse_duration;
+use super::cron::Schedule;
+use super::lifecycle::{condition_true, node_ready};
+use super::state::Inner;
+use super::termination::{is_drained, is_marked, parse_duration};
 use crate::api::NodePool;
 use crate::api::karpenter::Budget;
 
@@ -14,8 +24,24 @@ use crate::api::karpenter::Budget;
 pub const DEFAULT_NODES: &str = "10%";
 
 /// How many of `total` nodes may be disrupted at once for `reason` at `now` (before
-/// subtracting those already being disrupted).
+/// subtracting those already being disrupted). 0 when any budget of the pool is invalid.
 pub fn allowed(pool: &NodePool, reason: &str, total: usize, now: Timestamp) -> i64 {
+    match allowed_or_error(pool, reason, total, now) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::debug!(nodepool = ?pool.metadata.name, error = %e, "invalid disruption budget: no disruption allowed");
+            0
+        }
+    }
+}
+
+/// [`allowed`], or why a budget of the pool cannot be read.
+pub fn allowed_or_error(
+    pool: &NodePool,
+    reason: &str,
+    total: usize,
+    now: Timestamp,
+) -> Result<i64, String> {
     let default = [Budget {
         nodes: DEFAULT_NODES.into(),
         ..Default::default()
@@ -25,124 +51,104 @@ pub fn allowed(pool: &NodePool, reason: &str, total: usize, now: Timestamp) -> i
     } else {
         &pool.spec.disruption.budgets
     };
-    budgets
-        .iter()
-        .filter(|b| {
-            b.reasons
-                .as_ref()
-                .is_none_or(|rs| rs.iter().any(|r| r == reason))
-        })
-        .filter(|b| active(b, now))
-        .map(|b| nodes(&b.nodes, total))
-        .min()
-        .unwrap_or(i64::MAX)
+    let mut min = i64::from(i32::MAX);
+    for (i, b) in budgets.iter().enumerate() {
+        // As core: every budget is read (an unreadable one fails the pool, whatever its
+        // reasons), the applicable ones bound the result.
+        let value = budget_value(b, total, now).map_err(|e| format!("budgets[{i}]: {e}"))?;
+        if b.reasons
+            .as_ref()
+            .is_none_or(|rs| rs.iter().any(|r| r == reason))
+        {
+            min = min.min(value);
+        }
+    }
+    Ok(min)
 }
 
-fn nodes(value: &str, total: usize) -> i64 {
-    match value.trim().strip_suffix('%') {
+/// One budget's allowance now: unbounded while it is not active.
+fn budget_value(b: &Budget, total: usize, now: Timestamp) -> Result<i64, String> {
+    if !active(b, now)? {
+        return Ok(i64::from(i32::MAX));
+    }
+    nodes(&b.nodes, total)
+}
+
+/// Kubernetes' `GetScaledValueFromIntOrPercent` rounding up, as core: a count, or a percentage
+/// of `total`.
+fn nodes(value: &str, total: usize) -> Result<i64, String> {
+    let bad = || format!("nodes {value:?} is neither a count nor a percentage");
+    match value.strip_suffix('%') {
         Some(p) => {
-            let pct: i64 = p.trim().parse().unwrap_or(0);
-            (total as i64 * pct + 99) / 100
+            let pct: i64 = p.parse().map_err(|_| bad())?;
+            let total = total as i64;
+            Ok((total * pct + 99).div_euclid(100))
         }
-        None => value.trim().parse().unwrap_or(0),
+        None => value.parse().map_err(|_| bad()),
     }
 }
 
-/// Active now: no schedule, or the schedule fired within the last `duration`.
-pub fn active(b: &Budget, now: Timestamp) -> bool {
-    let Some(schedule) = &b.schedule else {
-        return true;
+/// Core's `Budget.IsActive`: no schedule and no duration is always active; otherwise the
+/// schedule's next hit after `now - duration` must not be after `now`.
+pub fn active(b: &Budget, now: Timestamp) -> Result<bool, String> {
+    if b.schedule.is_none() && b.duration.is_none() {
+        return Ok(true);
+    }
+    let schedule = Schedule::parse(b.schedule.as_deref().unwrap_or_default())
+        .map_err(|e| format!("schedule {:?}: {e}", b.schedule.as_deref().unwrap_or("")))?;
+    let window = match b.duration.as_deref() {
+        None => Duration::ZERO,
+        Some(d) => parse_duration(d).ok_or_else(|| format!("duration {d:?} is not a duration"))?,
     };
-    let Some(cron) = Cron::parse(schedule) else {
-        // Fail closed: an unreadable schedule blocks (a budget of "0" during it is the common
-        // intent); counting it as active is the conservative choice.
-        return true;
-    };
-    let window = b
-        .duration
-        .as_deref()
-        .and_then(parse_duration)
-        .unwrap_or(Duration::ZERO);
-    let minutes = (window.as_secs() / 60).min(60 * 24 * 31) as i64;
-    let zoned = now.to_zoned(TimeZone::UTC);
-    for back in 0..minutes {
-        let Ok(t) = zoned.checked_sub(jiff::Span::new().minutes(back)) else {
-            break;
-        };
-        if cron.matches(
-            t.minute() as u32,
-            t.hour() as u32,
-            t.day() as u32,
-            t.month() as u32,
-            t.weekday().to_sunday_zero_offset() as u32,
-        ) {
-            return true;
-        }
-    }
-    false
+    Ok(schedule.active(now, window))
 }
 
-/// A 5-field cron expression (`*`, lists, ranges, steps) or an `@` macro.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Cron {
-    fields: [Vec<u32>; 5],
+/// A NodePool's nodes as the budget counts them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Initialized nodes (core's denominator), drained and leaving ones left out.
+    pub total: usize,
+    /// Of those, the ones NotReady, being deleted or marked for disruption.
+    pub disrupting: i64,
+    /// Of those, the ones cordoned while their replacement launches (core's command
+    /// candidates, marked for deletion from the start).
+    pub waiting: i64,
 }
 
-impl Cron {
-    pub fn parse(text: &str) -> Option<Cron> {
-        let text = match text.trim() {
-            "@yearly" | "@annually" => "0 0 1 1 *",
-            "@monthly" => "0 0 1 * *",
-            "@weekly" => "0 0 * * 0",
-            "@daily" | "@midnight" => "0 0 * * *",
-            "@hourly" => "0 * * * *",
-            t => t,
-        };
-        let parts: Vec<&str> = text.split_whitespace().collect();
-        if parts.len() != 5 {
-            return None;
+/// The budget's count of `pool`'s NodeClaims.
+pub fn usage(st: &Inner, pool: &str) -> Usage {
+    let mut u = Usage::default();
+    for nc in st.nodeclaims.values() {
+        if nc.nodepool() != Some(pool) || !condition_true(nc, "Initialized") {
+            continue;
         }
-        let ranges = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)];
-        let mut fields: [Vec<u32>; 5] = Default::default();
-        for (i, part) in parts.iter().enumerate() {
-            let (lo, hi) = ranges[i];
-            for item in part.split(',') {
-                let (range, step) = match item.split_once('/') {
-                    Some((r, s)) => (r, s.parse::<u32>().ok().filter(|s| *s > 0)?),
-                    None => (item, 1),
-                };
-                let (a, b) = if range == "*" {
-                    (lo, hi)
-                } else if let Some((a, b)) = range.split_once('-') {
-                    (a.parse().ok()?, b.parse().ok()?)
-                } else {
-                    let v: u32 = range.parse().ok()?;
-                    (v, if item.contains('/') { hi } else { v })
-                };
-                if a < lo || b > hi || a > b {
-                    return None;
-                }
-                fields[i].extend((a..=b).step_by(step as usize));
-            }
+        // Core leaves out claims whose instance is terminating (drained, being deleted).
+        let deleting = nc.metadata.deletion_timestamp.is_some();
+        if deleting && is_drained(nc) {
+            continue;
         }
-        if fields[4].contains(&7) {
-            fields[4].push(0);
+        u.total += 1;
+        let ready = st
+            .node_of(nc)
+            .and_then(node_ready)
+            .is_some_and(|c| c.status == "True");
+        if !ready || deleting || is_marked(nc) {
+            u.disrupting += 1;
+        } else if super::disruption::replacement::replaced_by(nc).is_some() {
+            u.waiting += 1;
         }
-        Some(Cron { fields })
     }
-
-    pub fn matches(&self, minute: u32, hour: u32, dom: u32, month: u32, dow: u32) -> bool {
-        self.fields[0].contains(&minute)
-            && self.fields[1].contains(&hour)
-            && self.fields[2].contains(&dom)
-            && self.fields[3].contains(&month)
-            && self.fields[4].contains(&dow)
-    }
+    u
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::NodeClaim;
+    use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
 
     fn pool(budgets: Vec<Budget>) -> NodePool {
         let mut p = NodePool::new("np", Default::default());
@@ -150,19 +156,25 @@ mod tests {
         p
     }
 
-    #[test]
-    fn counts_percentages_reasons_and_schedules() {
-        let now: Timestamp = "2026-01-05T09:30:00Z".parse().expect("ts");
-        assert_eq!(allowed(&pool(vec![]), "Empty", 20, now), 2, "default 10%");
-        let b = |nodes: &str,
-                 reasons: Option<Vec<&str>>,
-                 sched: Option<&str>,
-                 dur: Option<&str>| Budget {
+    fn b(
+        nodes: &str,
+        reasons: Option<Vec<&str>>,
+        sched: Option<&str>,
+        dur: Option<&str>,
+    ) -> Budget {
+        Budget {
             nodes: nodes.into(),
             reasons: reasons.map(|r| r.into_iter().map(str::to_string).collect()),
             schedule: sched.map(str::to_string),
             duration: dur.map(str::to_string),
-        };
+        }
+    }
+
+    #[test]
+    fn counts_percentages_reasons_and_schedules() {
+        let now: Timestamp = "2026-01-05T09:30:00Z".parse().expect("ts");
+        assert_eq!(allowed(&pool(vec![]), "Empty", 20, now), 2, "default 10%");
+        assert_eq!(allowed(&pool(vec![]), "Empty", 9, now), 1, "rounded up");
         let p = pool(vec![
             b("50%", None, None, None),
             b("0", Some(vec!["Drifted"]), None, None),
@@ -176,7 +188,106 @@ mod tests {
         );
         let later: Timestamp = "2026-01-05T11:00:00Z".parse().expect("ts");
         assert_eq!(allowed(&p, "Empty", 10, later), 5);
-        assert!(Cron::parse("*/15 * * * *").is_some());
-        assert!(Cron::parse("61 * * * *").is_none());
+    }
+
+    /// S59: an invalid schedule allows 0, for every reason of the pool (core fails closed on
+    /// any budget error); so does a duration without a schedule, and unreadable `nodes`. The
+    /// old reading let a bad schedule count as "active" for its own budget only.
+    #[test]
+    fn s59_an_invalid_budget_allows_no_disruption() {
+        let now: Timestamp = "2026-01-05T09:30:00Z".parse().expect("ts");
+        for bad in [
+            b("5", Some(vec!["Drifted"]), Some("0 9 * * 7"), Some("1h")),
+            b(
+                "5",
+                Some(vec!["Drifted"]),
+                Some("not a schedule"),
+                Some("1h"),
+            ),
+            b("5", Some(vec!["Drifted"]), None, Some("1h")),
+            b("five", Some(vec!["Drifted"]), None, None),
+        ] {
+            let p = pool(vec![b("100%", None, None, None), bad.clone()]);
+            assert_eq!(allowed(&p, "Empty", 10, now), 0, "{bad:?}");
+            assert!(allowed_or_error(&p, "Empty", 10, now).is_err());
+        }
+        // robfig's day-of-month OR day-of-week: "0 9 10 * MON" fires on Monday the 5th.
+        let p = pool(vec![b("0", None, Some("0 9 10 * MON"), Some("1h"))]);
+        assert_eq!(allowed(&p, "Empty", 10, now), 0, "the budget is active");
+    }
+
+    fn claim(name: &str, node: &str, initialized: bool) -> Arc<NodeClaim> {
+        let mut nc = NodeClaim::new(name, Default::default());
+        nc.metadata.labels = Some(BTreeMap::from([(
+            crate::api::karpenter::NODEPOOL_LABEL.to_string(),
+            "np".to_string(),
+        )]));
+        let status = crate::api::karpenter::NodeClaimStatus {
+            node_name: Some(node.into()),
+            conditions: if initialized {
+                vec![Condition {
+                    type_: "Initialized".into(),
+                    status: "True".into(),
+                    reason: "Initialized".into(),
+                    message: String::new(),
+                    last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                    observed_generation: None,
+                }]
+            } else {
+                vec![]
+            },
+            ..Default::default()
+        };
+        nc.status = Some(status);
+        Arc::new(nc)
+    }
+
+    fn node(name: &str, ready: &str) -> Node {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.into());
+        n.status = Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        n
+    }
+
+    /// S59: ten initialized nodes (one NotReady, one being deleted) and two still launching:
+    /// the denominator is the ten, and the NotReady and the deleting node use the budget: at
+    /// 10% (one node), nothing more may be disrupted.
+    #[test]
+    fn s59_budget_counts_initialized_nodes_and_not_ready_ones_use_it() {
+        let mut st = Inner::default();
+        for i in 0..10 {
+            let (c, n) = (format!("c{i}"), format!("n{i}"));
+            let mut nc = claim(&c, &n, true);
+            if i == 9 {
+                Arc::make_mut(&mut nc).metadata.deletion_timestamp =
+                    Some(Time(Timestamp::UNIX_EPOCH));
+            }
+            st.nodeclaims.insert(c, nc);
+            st.nodes
+                .insert(n.clone(), node(&n, if i == 0 { "False" } else { "True" }));
+        }
+        for i in 10..12 {
+            st.nodeclaims
+                .insert(format!("c{i}"), claim(&format!("c{i}"), "", false));
+        }
+        let u = usage(&st, "np");
+        assert_eq!(
+            u,
+            Usage {
+                total: 10,
+                disrupting: 2,
+                waiting: 0
+            }
+        );
+        let now: Timestamp = "2026-01-05T09:30:00Z".parse().expect("ts");
+        let left = allowed(&pool(vec![]), "Empty", u.total, now) - u.disrupting - u.waiting;
+        assert!(left <= 0, "{left}");
     }
 }

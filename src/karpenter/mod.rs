@@ -6,12 +6,16 @@
 //! tokio task that reads [`state::ClusterState`] and writes through the `Cluster` port.
 
 pub mod budgets;
+pub mod cron;
 pub mod disruption;
 pub mod hash_sync;
 pub mod lifecycle;
+pub mod metrics;
+pub mod nodepool_counter;
 pub mod nodepool_hash;
 pub mod nodepool_status;
 pub mod nodepool_validation;
+pub mod pod_events;
 pub mod pods;
 pub mod provisioning;
 pub mod quantity;
@@ -74,6 +78,10 @@ pub struct KarpenterConfig {
     /// First retry after an eviction refused by a PDB; doubles up to `eviction_backoff_max`.
     pub eviction_backoff: Duration,
     pub eviction_backoff_max: Duration,
+    /// Multi-node consolidation (S57): several under-utilised nodes deleted, or replaced by
+    /// one cheaper node, in one decision, before single-node consolidation (core's order). On
+    /// by default, as in core; off leaves single-node consolidation only.
+    pub multi_node_consolidation: bool,
 }
 
 impl Default for KarpenterConfig {
@@ -90,6 +98,7 @@ impl Default for KarpenterConfig {
             disruption_interval: Duration::from_secs(10),
             eviction_backoff: Duration::from_secs(1),
             eviction_backoff_max: Duration::from_secs(30),
+            multi_node_consolidation: true,
         }
     }
 }
@@ -137,6 +146,7 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
     config: KarpenterConfig,
 ) -> Result<KarpenterHandles, KarpenterError> {
     let state = state::ClusterState::new(ctx.clock.clone());
+    ctx.metrics.core.watch_state(state.clone());
     let mut tasks = state.start(&ctx.cluster);
     // Wait for the first list of every kind so no controller acts on a partial view.
     while !state.read().synced() {
@@ -160,6 +170,11 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
         config.clone(),
     ));
     tasks.push(nodepool_status::spawn(
+        ctx.clone(),
+        state.clone(),
+        config.clone(),
+    ));
+    tasks.push(pod_events::spawn(
         ctx.clone(),
         state.clone(),
         config.clone(),

@@ -178,94 +178,8 @@ fn template_hash(t: &crate::api::karpenter::NodeClaimTemplate) -> u64 {
     )
 }
 
-/// Go's `time.ParseDuration`, in nanoseconds; `None` where Go fails (then core could not
-/// read the NodePool at all).
-pub fn parse_go_duration(s: &str) -> Option<i64> {
-    let (neg, mut rest) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
-    };
-    if rest == "0" {
-        return Some(0);
-    }
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    while !rest.is_empty() {
-        let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let (int_part, after) = rest.split_at(int_len);
-        let mut v: u64 = 0;
-        for d in int_part.bytes() {
-            if v > (1 << 63) / 10 {
-                return None;
-            }
-            v = v * 10 + u64::from(d - b'0');
-            if v > 1 << 63 {
-                return None;
-            }
-        }
-        let mut rest2 = after;
-        let (mut frac, mut scale, mut frac_digits) = (0u64, 1f64, false);
-        if let Some(f) = rest2.strip_prefix('.') {
-            let n = f.bytes().take_while(u8::is_ascii_digit).count();
-            let mut overflow = false;
-            for d in f[..n].bytes() {
-                if overflow || frac > (1 << 63) / 10 {
-                    overflow = true;
-                    continue;
-                }
-                let y = frac * 10 + u64::from(d - b'0');
-                if y > 1 << 63 {
-                    overflow = true;
-                    continue;
-                }
-                frac = y;
-                scale *= 10.0;
-            }
-            frac_digits = n > 0;
-            rest2 = &f[n..];
-        }
-        if int_len == 0 && !frac_digits {
-            return None;
-        }
-        let unit_len = rest2
-            .char_indices()
-            .find(|(_, c)| *c == '.' || c.is_ascii_digit())
-            .map(|(i, _)| i)
-            .unwrap_or(rest2.len());
-        let unit: u64 = match &rest2[..unit_len] {
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            _ => return None,
-        };
-        rest = &rest2[unit_len..];
-        if v > (1 << 63) / unit {
-            return None;
-        }
-        v *= unit;
-        if frac > 0 {
-            // Go: float64 arithmetic, truncated.
-            v += (frac as f64 * (unit as f64 / scale)) as u64;
-            if v > 1 << 63 {
-                return None;
-            }
-        }
-        total = total.checked_add(v)?;
-        if total > 1 << 63 {
-            return None;
-        }
-    }
-    if neg {
-        return Some(0i64.wrapping_sub_unsigned(total));
-    }
-    i64::try_from(total).ok()
-}
+/// Go's `time.ParseDuration` (one parser for every duration: `crate::api::duration`).
+pub use crate::api::duration::go as parse_go_duration;
 
 #[cfg(test)]
 mod tests {
@@ -371,17 +285,5 @@ mod tests {
         assert!(!drifted(&nc, "2"), "another version is not compared");
         nc.metadata.annotations = ann("1", None);
         assert!(!drifted(&nc, "2"), "no version is not compared");
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(parse_go_duration("720h"), Some(720 * 3_600_000_000_000));
-        assert_eq!(parse_go_duration("1h30m"), Some(5_400_000_000_000));
-        assert_eq!(parse_go_duration("1.5s"), Some(1_500_000_000));
-        assert_eq!(parse_go_duration("-2ms"), Some(-2_000_000));
-        assert_eq!(parse_go_duration("0"), Some(0));
-        for bad in ["", "1", "h", "1d", ".s", "9999999999999999999h"] {
-            assert_eq!(parse_go_duration(bad), None, "{bad}");
-        }
     }
 }

@@ -4,6 +4,9 @@
 //! exists, is not being deleted and is Ready — its reason and message when it is not) and
 //! `Ready`, true when both are (else `UnhealthyDependents`, naming them). A condition that
 //! turns False for a new reason also gets a Warning event on the NodePool and a log line.
+//! Beside them, `status.resources` and `status.nodes` as core's `nodepool.counter` computes
+//! them ([`super::nodepool_counter`]). All are written with one merge patch of the status
+//! subresource, and only when one of them changed (`kubectl get nodepools` shows the nodes).
 //!
 //! Provisioning does not read these conditions back: it checks the same things itself each
 //! round (so a pod's event says which NodePool was skipped and why); this is what `kubectl get
@@ -13,10 +16,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use serde_json::{Map, json};
 use tokio::task::JoinHandle;
 
 use super::KarpenterConfig;
+use super::nodepool_counter;
 use super::nodepool_validation::validate;
 use super::state::ClusterState;
 use crate::actors::Context;
@@ -144,6 +150,8 @@ pub fn spawn<C: Cluster, T: Transport>(
             classes: BTreeMap::new(),
             synced: false,
             seen: BTreeMap::new(),
+            written: BTreeMap::new(),
+            done: None,
         };
         let mut watch = ctl.ctx.cluster.watch::<SSHNodeClass>(None);
         let mut tick = tokio::time::interval(cfg.reconcile_interval);
@@ -167,8 +175,16 @@ pub fn spawn<C: Cluster, T: Transport>(
             if !ctl.synced {
                 continue;
             }
-            if let Err(e) = ctl.reconcile().await {
-                tracing::debug!(error = %e, "NodePool status not written; will retry");
+            // The status follows from the cluster state and the node classes alone: a round
+            // after which neither moved writes nothing (the simulation ran it 3,600 times an
+            // hour for nothing).
+            let at = ctl.state.read().changes;
+            if ctl.done == Some(at) {
+                continue;
+            }
+            match ctl.reconcile().await {
+                Ok(()) => ctl.done = Some(at),
+                Err(e) => tracing::debug!(error = %e, "NodePool status not written; will retry"),
             }
         }
     })
@@ -182,10 +198,18 @@ struct Controller<C: Cluster, T: Transport> {
     synced: bool,
     /// Per NodePool, the resourceVersions (pool, class) its status was last computed from.
     seen: BTreeMap<String, (Option<String>, Option<String>)>,
+    /// Per NodePool, the resources and node count last patched, with the pool's
+    /// resourceVersion then: not sent again before the watch brings the pool back.
+    written: BTreeMap<String, Written>,
+    /// The state's change count a round last succeeded at (`None`: a class changed since).
+    done: Option<u64>,
 }
+
+type Written = (Option<String>, BTreeMap<String, Quantity>, Option<i64>);
 
 impl<C: Cluster, T: Transport> Controller<C, T> {
     fn class_event(&mut self, ev: WatchEvent<SSHNodeClass>) {
+        self.done = None;
         let name = |c: &SSHNodeClass| c.metadata.name.clone().unwrap_or_default();
         match ev {
             WatchEvent::Restarted(all) => {
@@ -202,11 +226,21 @@ impl<C: Cluster, T: Transport> Controller<C, T> {
     }
 
     async fn reconcile(&mut self) -> Result<(), ClusterError> {
-        let pools: Vec<NodePool> = {
+        // The counter waits for the first list of every kind, as core's waits for its cluster
+        // state: before, a pool would be written with fewer nodes than it has.
+        let (pools, usage): (Vec<NodePool>, _) = {
             let st = self.state.read();
-            st.nodepools.values().cloned().collect()
+            // No NodePool (node demand alone): nothing to count for.
+            let counting = st.synced() && !st.nodepools.is_empty();
+            let usage = counting.then(|| nodepool_counter::pool_resources(&st));
+            (st.nodepools.values().cloned().collect(), usage)
         };
         self.seen.retain(|n, _| {
+            pools
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some(n.as_str()))
+        });
+        self.written.retain(|n, _| {
             pools
                 .iter()
                 .any(|p| p.metadata.name.as_deref() == Some(n.as_str()))
@@ -220,36 +254,63 @@ impl<C: Cluster, T: Transport> Controller<C, T> {
                 pool.metadata.resource_version.clone(),
                 class.and_then(|c| c.metadata.resource_version.clone()),
             );
-            if self.seen.get(&name) == Some(&inputs) {
-                continue;
-            }
-            let verdicts = verdicts(&pool, class);
-            let mut updated = pool.clone();
-            let status = updated.status.get_or_insert_with(Default::default);
-            let before: Vec<Condition> = status.conditions.clone();
-            for v in &verdicts {
-                upsert_condition(
-                    &mut status.conditions,
-                    v.type_,
-                    v.ok,
-                    &v.reason,
-                    &v.message,
-                    &self.ctx.clock,
-                );
-                if let Some(c) = status.conditions.iter_mut().find(|c| c.type_ == v.type_) {
-                    c.observed_generation = pool.metadata.generation;
+            let mut patch = Map::new();
+            let before: Vec<Condition> = (pool.status.as_ref())
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default();
+            let mut changed = None;
+            if self.seen.get(&name) != Some(&inputs) {
+                let v = verdicts(&pool, class);
+                let mut conditions = before.clone();
+                for v in &v {
+                    upsert_condition(
+                        &mut conditions,
+                        v.type_,
+                        v.ok,
+                        &v.reason,
+                        &v.message,
+                        &self.ctx.clock,
+                    );
+                    if let Some(c) = conditions.iter_mut().find(|c| c.type_ == v.type_) {
+                        c.observed_generation = pool.metadata.generation;
+                    }
+                }
+                if conditions != before {
+                    patch.insert("conditions".into(), json!(conditions));
+                    changed = Some(v);
                 }
             }
-            if updated.status != pool.status {
-                match self.ctx.cluster.replace_status(&updated).await {
+            if let Some(usage) = &usage {
+                let (resources, nodes) = nodepool_counter::counted(usage.get(&name));
+                let last = (pool.metadata.resource_version.clone(), resources, nodes);
+                // Written already, and the pool's watch has not brought the write back yet.
+                if self.written.get(&name) != Some(&last)
+                    && let Some(p) = nodepool_counter::patch(&pool, &last.1, last.2)
+                {
+                    patch.extend(p);
+                    self.written.insert(name.clone(), last);
+                }
+            }
+            if !patch.is_empty() {
+                let body = json!({ "status": patch });
+                match (self.ctx.cluster)
+                    .patch_status::<NodePool>(None, &name, &body)
+                    .await
+                {
                     Ok(_) => {}
-                    // The pool moved on: the next round computes from the new one.
-                    Err(ClusterError::Conflict { .. }) | Err(ClusterError::NotFound { .. }) => {
+                    // Deleted: nothing to write any more.
+                    Err(ClusterError::NotFound { .. }) => {
+                        self.written.remove(&name);
                         continue;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        self.written.remove(&name);
+                        return Err(e);
+                    }
                 }
-                self.announce(&updated, &before, &verdicts).await;
+                if let Some(v) = &changed {
+                    self.announce(&pool, &before, v).await;
+                }
             }
             self.seen.insert(name, inputs);
         }

@@ -57,6 +57,20 @@ pub fn is_provisionable(p: &Pod) -> bool {
 }
 
 /// A pod that occupies its node's capacity (bound, not finished).
+/// When the pod's `PodScheduled` condition turned True (its binding): what core's podevents
+/// controller takes as a bound pod's event time.
+pub fn scheduled_at(p: &Pod) -> Option<jiff::Timestamp> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "True")?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
 pub fn counts_on_node(p: &Pod) -> bool {
     node_name(p).is_some() && !is_finished(p)
 }

@@ -94,8 +94,16 @@ pub struct PodInfo {
 
 impl PodInfo {
     pub fn new(p: &Pod) -> PodInfo {
-        let none = k8s_openapi::api::core::v1::PodSpec::default();
-        let spec = p.spec.as_ref().unwrap_or(&none);
+        // Borrowed: every scheduling round builds this for every pod (cloning the spec, with
+        // its containers, was most of the cost).
+        let empty;
+        let spec = match &p.spec {
+            Some(s) => s,
+            None => {
+                empty = k8s_openapi::api::core::v1::PodSpec::default();
+                &empty
+            }
+        };
         let mut unsupported = None;
         let mut invalid = None;
         let mut terms = vec![];

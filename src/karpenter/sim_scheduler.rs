@@ -263,6 +263,9 @@ pub async fn schedule_once<C: Cluster>(
             conditions: Some(vec![PodCondition {
                 type_: "PodScheduled".into(),
                 status: "True".into(),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    state.now(),
+                )),
                 ..Default::default()
             }]),
             ..Default::default()

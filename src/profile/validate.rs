@@ -27,32 +27,7 @@ pub const DEFAULT_LEAVE_TIMEOUT: Duration = Duration::from_secs(3 * 60);
 /// Parses a duration restricted to `^([0-9]+(s|m|h))+$` (`90s`, `10m`, `1h30m`; not `1.5h`,
 /// not `500ms`). `None` when it does not match or overflows.
 pub fn parse_timeout(s: &str) -> Option<Duration> {
-    if s.is_empty() {
-        return None;
-    }
-    let mut total: u64 = 0;
-    let mut num: Option<u64> = None;
-    for c in s.chars() {
-        if let Some(d) = c.to_digit(10) {
-            num = Some(
-                num.unwrap_or(0)
-                    .checked_mul(10)?
-                    .checked_add(u64::from(d))?,
-            );
-            continue;
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            _ => return None,
-        };
-        total = total.checked_add(num.take()?.checked_mul(unit)?)?;
-    }
-    if num.is_some() {
-        return None; // trailing digits without a unit
-    }
-    Some(Duration::from_secs(total))
+    crate::api::duration::pattern(s)
 }
 
 /// `^[A-Za-z0-9._-]{1,63}$`.

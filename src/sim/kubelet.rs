@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ObjectMeta;
 
 /// Node class var naming how the simulated kubelet picks its Node's name.
@@ -80,6 +81,32 @@ pub fn node_from_env(env: &BTreeMap<String, String>, adopt_id: &str) -> Node {
             }]),
             ..Default::default()
         }),
+    }
+}
+
+/// Set the Node's Ready condition to `status` (transition at `at`).
+pub fn set_ready(node: &mut Node, status: &str, at: Time) {
+    let (reason, message) = if status == "True" {
+        ("KubeletReady", "kubelet is posting ready status")
+    } else {
+        ("NodeStatusUnknown", "Kubelet stopped posting node status.")
+    };
+    let cond = NodeCondition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_transition_time: Some(at.clone()),
+        last_heartbeat_time: Some(at),
+    };
+    let conditions = node
+        .status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .get_or_insert_with(Vec::new);
+    match conditions.iter_mut().find(|c| c.type_ == "Ready") {
+        Some(c) => *c = cond,
+        None => conditions.push(cond),
     }
 }
 

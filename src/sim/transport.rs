@@ -7,6 +7,7 @@
 //! that only the host side can see).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -133,6 +134,24 @@ pub struct SimTransport {
     /// Node name → addresses of every host that ever joined as it: the candidates
     /// `kubelet_host` looks at, instead of every host of the fleet per deleted Node.
     joined_as: Arc<Mutex<HashMap<String, Vec<String>>>>,
+    /// Leaves running on hosts now, fleet-wide (each holds one of the controller's leave
+    /// slots).
+    leaves_running: Arc<AtomicUsize>,
+}
+
+/// Marks a leave running on a host (and counts it) until dropped: also when the controller's
+/// task running it is aborted (a crash).
+struct LeaveRunning<'a> {
+    transport: &'a SimTransport,
+    address: String,
+}
+
+impl Drop for LeaveRunning<'_> {
+    fn drop(&mut self) {
+        self.transport
+            .with(&self.address, |h| h.leave_in_flight = false);
+        self.transport.leaves_running.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl SimTransport {
@@ -145,7 +164,13 @@ impl SimTransport {
             journal: Arc::new(Mutex::new(Journal::default())),
             origin: tokio::time::Instant::now(),
             joined_as: Arc::new(Mutex::new(HashMap::new())),
+            leaves_running: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Leaves running on hosts now, fleet-wide.
+    pub fn leaves_running(&self) -> usize {
+        self.leaves_running.load(Ordering::SeqCst)
     }
 
     /// Reseed the hosts' random source (latencies, failures, hangs).
@@ -361,11 +386,33 @@ impl SimTransport {
                 }
                 let node: Node = node_from_env(&env, &format!("sim://adopted/{address}"));
                 match this.cluster.create(&node).await {
-                    Ok(_) | Err(ClusterError::AlreadyExists { .. }) => return,
-                    Err(_) => tokio::time::sleep(Duration::from_secs(10)).await,
+                    Ok(_) => return,
+                    // A kubelet re-uses a Node of its name (nodeadm's are per machine): it
+                    // posts its status at once, Ready with a fresh heartbeat.
+                    Err(ClusterError::AlreadyExists { .. }) => {
+                        if this.post_ready(&node_name).await.is_ok() {
+                            return;
+                        }
+                    }
+                    Err(_) => {}
                 }
+                tokio::time::sleep(Duration::from_secs(10)).await;
             }
         });
+    }
+
+    /// The kubelet's status post for an existing Node: Ready, heartbeat now.
+    async fn post_ready(&self, name: &str) -> Result<(), ClusterError> {
+        let Some(mut node) = self.cluster.get::<Node>(None, name).await? else {
+            return Err(ClusterError::Transient {
+                kind: "Node".into(),
+                key: name.into(),
+                message: "gone meanwhile".into(),
+            });
+        };
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(self.cluster.clock().now());
+        super::kubelet::set_ready(&mut node, "True", at);
+        self.cluster.replace_status(&node).await.map(|_| ())
     }
 
     /// After a reboot or power return: a kubelet that came back registers its Node again.
@@ -422,33 +469,54 @@ impl Transport for SimTransport {
             tokio::time::sleep(host.handshake_delay).await;
         }
         let env = parse_exports(&stdin);
-        if phase == Some(SimPhase::Leave) {
+        let _leave = if phase == Some(SimPhase::Leave) {
             self.check_leave_fence(target).await;
             self.with(&target.address, |h| h.leave_in_flight = true);
-        }
+            self.leaves_running.fetch_add(1, Ordering::SeqCst);
+            Some(LeaveRunning {
+                transport: self,
+                address: target.address.clone(),
+            })
+        } else {
+            None
+        };
         let (hang, injected_exit, latency) = self.outcome(&host, phase);
-        let result = self
-            .finish(
-                target,
-                &host,
-                &cmd,
-                phase,
-                env,
-                hang,
-                injected_exit,
-                latency,
-            )
-            .await;
-        if phase == Some(SimPhase::Leave) {
-            self.with(&target.address, |h| h.leave_in_flight = false);
-        }
-        result
+        self.finish(
+            target,
+            &host,
+            &cmd,
+            phase,
+            env,
+            hang,
+            injected_exit,
+            latency,
+        )
+        .await
     }
 
     async fn forget(&self, _host: &str) {}
 }
 
 impl SimTransport {
+    /// Sleep for `d` unless `cmd` is cancelled first (then noted, and false).
+    async fn sleep_unless_cancelled(
+        &self,
+        d: Duration,
+        cmd: &RemoteCommand,
+        target: &HostTarget,
+        label: &str,
+    ) -> bool {
+        let done = tokio::select! {
+            biased;
+            () = tokio::time::sleep(d) => true,
+            () = cmd.cancel.cancelled() => false,
+        };
+        if !done {
+            self.note(&target.address, format!("{label} cancelled and killed"));
+        }
+        done
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn finish(
         &self,
@@ -466,14 +534,29 @@ impl SimTransport {
             if hang {
                 self.journal().injected_hangs += 1;
             }
-            tokio::time::sleep(cmd.timeout).await;
+            if !self
+                .sleep_unless_cancelled(cmd.timeout, cmd, target, &label)
+                .await
+            {
+                return Err(TransportError::Cancelled {
+                    host: target.host.clone(),
+                });
+            }
             self.note(&target.address, format!("{label} hung until its timeout"));
             return Err(TransportError::CommandTimeout {
                 host: target.host.clone(),
                 after: cmd.timeout,
             });
         }
-        tokio::time::sleep(latency.min(cmd.timeout)).await;
+        if !(self)
+            .sleep_unless_cancelled(latency.min(cmd.timeout), cmd, target, &label)
+            .await
+        {
+            // Killed as the real transport kills it: the run has no effect on the host.
+            return Err(TransportError::Cancelled {
+                host: target.host.clone(),
+            });
+        }
         let token = env.get("KPSSH_BOOTSTRAP_TOKEN").cloned();
         if let Some(t) = &token {
             self.journal().tokens_seen.push(t.clone());

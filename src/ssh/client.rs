@@ -60,14 +60,7 @@ pub struct TransportConfig {
     pub stderr_cap: usize,
     /// After the exit status arrives, how long to wait for remaining output / EOF.
     pub exit_grace: Duration,
-    /// Fleet-wide bound on new SSH connections (shared between transports through the `Arc`);
-    /// reused connections do not count. `None`: unlimited.
-    pub dial_limiter: Option<Arc<DialLimiter>>,
 }
-
-/// Rate limiter for new connections, e.g.
-/// `DialLimiter::direct(governor::Quota::per_second(NonZeroU32::new(50).unwrap()))`.
-pub type DialLimiter = governor::DefaultDirectRateLimiter;
 
 impl Default for TransportConfig {
     fn default() -> Self {
@@ -81,7 +74,6 @@ impl Default for TransportConfig {
             stdout_cap: 1 << 20,
             stderr_cap: 1 << 20,
             exit_grace: Duration::from_millis(500),
-            dial_limiter: None,
         }
     }
 }
@@ -353,9 +345,6 @@ impl RusshTransport {
     {
         Box::pin(async move {
             let host = target.host.as_str();
-            if let Some(limiter) = &self.config.dial_limiter {
-                limiter.until_ready().await;
-            }
             let seen = Arc::new(Mutex::new(None));
             let handler = Client {
                 address: target.address.clone(),
@@ -575,11 +564,19 @@ impl RusshTransport {
             Some(m) => format!("{RUN_MARKER}={m}; export {RUN_MARKER}; {}", cmd.command),
             None => cmd.command.clone(),
         };
-        let result = timeout_at(
-            deadline,
-            self.drive(host, &mut read, &write, &command, &cmd.stdin),
-        )
-        .await;
+        // The timeout and a cancellation end the command alike: killed, channel closed.
+        let stop = async {
+            tokio::select! {
+                biased;
+                () = cmd.cancel.cancelled() => true,
+                () = tokio::time::sleep_until(deadline) => false,
+            }
+        };
+        let result = tokio::select! {
+            biased;
+            r = self.drive(host, &mut read, &write, &command, &cmd.stdin) => Ok(r),
+            cancelled = stop => Err(cancelled),
+        };
         match result {
             Ok(Ok((out, fed))) => {
                 // A command that exited without reading all of its stdin leaves data queued
@@ -596,7 +593,7 @@ impl RusshTransport {
                 let _ = timeout(TEARDOWN_WAIT, write.close()).await;
                 Err(RunError::Failed(e))
             }
-            Err(_) => {
+            Err(cancelled) => {
                 // Kill the remote processes (marker kill, then an SSH `signal` request, which
                 // OpenSSH honours only for privilege-separated, i.e. non-root, sessions), close
                 // the channel and wait briefly for the host to acknowledge, so that the
@@ -619,6 +616,7 @@ impl RusshTransport {
                 }
                 Err(RunError::Timeout {
                     connection_alive: acknowledged,
+                    cancelled,
                 })
             }
         }
@@ -761,10 +759,12 @@ enum RunError {
     /// The channel could not be opened: nothing ran, the call may be retried on a new connection.
     Open(TransportError),
     Failed(TransportError),
-    /// The command outlived its timeout; `connection_alive` tells whether the host still
-    /// answered the teardown.
+    /// The command outlived its timeout or was cancelled, and was killed; `connection_alive`
+    /// tells whether the host still answered the teardown.
     Timeout {
         connection_alive: bool,
+        /// Stopped by [`RemoteCommand::cancel`], not by its timeout.
+        cancelled: bool,
     },
 }
 
@@ -866,10 +866,17 @@ impl RusshTransport {
                     }
                     return Err(e);
                 }
-                Err(RunError::Timeout { connection_alive }) => {
+                Err(RunError::Timeout {
+                    connection_alive,
+                    cancelled,
+                }) => {
                     if !connection_alive {
                         // The host did not even acknowledge the channel close: do not reuse.
                         self.pool.forget_if(&target.host, &conn);
+                    }
+                    if cancelled {
+                        let host = target.host.clone();
+                        return Err(TransportError::Cancelled { host });
                     }
                     return Err(TransportError::CommandTimeout {
                         host: target.host.clone(),

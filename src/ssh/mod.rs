@@ -8,9 +8,9 @@ pub mod pool;
 pub mod probe;
 pub mod transport;
 
-pub use client::{DialLimiter, RusshTransport, TransportConfig};
+pub use client::{RusshTransport, TransportConfig};
 pub use probe::{ProbeError, ProbeFacts};
 pub use transport::{
-    CommandOutput, HostKeyPin, HostTarget, JumpKey, ProbeReport, RemoteCommand, Transport,
+    Cancel, CommandOutput, HostKeyPin, HostTarget, JumpKey, ProbeReport, RemoteCommand, Transport,
     TransportError,
 };

@@ -262,6 +262,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+    #[derive(Debug)]
     struct Fake {
         open: Arc<AtomicBool>,
     }
@@ -370,5 +371,48 @@ mod tests {
         p.forget("h");
         assert!(!a.is_open());
         assert!(p.is_empty());
+    }
+
+    /// Single flight, checked poll by poll: while the first dial of a key is pending, a
+    /// second request for the same key waits (Pending, no dial of its own) and then reuses
+    /// the first's connection; a request for another key is not held up.
+    #[tokio::test]
+    async fn one_dial_per_key_at_a_time() {
+        use tokio_test::{assert_pending, assert_ready, task};
+        let p = pool(10, 60);
+        let dials = Arc::new(AtomicUsize::new(0));
+        let (release, gate) = tokio::sync::oneshot::channel::<()>();
+        let d = dials.clone();
+        let mut first = task::spawn(p.get_or_dial("a", 1, move || async move {
+            d.fetch_add(1, Ordering::SeqCst);
+            let _ = gate.await;
+            fake()
+        }));
+        assert_pending!(first.poll());
+        let d = dials.clone();
+        let mut second = task::spawn(p.get_or_dial("a", 1, move || {
+            d.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(fake())
+        }));
+        assert_pending!(second.poll());
+        let d = dials.clone();
+        let mut other = task::spawn(p.get_or_dial("b", 1, move || {
+            d.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(fake())
+        }));
+        let (_, origin) = assert_ready!(other.poll()).expect("dialled");
+        assert_eq!(origin, Origin::Dialled);
+        assert_eq!(dials.load(Ordering::SeqCst), 2, "a's first dial and b's");
+        release.send(()).expect("gate open");
+        assert!(first.is_woken());
+        let (_, origin) = assert_ready!(first.poll()).expect("dialled");
+        assert_eq!(origin, Origin::Dialled);
+        assert!(
+            second.is_woken(),
+            "the waiter is woken when the dial lock is released"
+        );
+        let (_, origin) = assert_ready!(second.poll()).expect("reused");
+        assert_eq!(origin, Origin::Reused);
+        assert_eq!(dials.load(Ordering::SeqCst), 2, "no second dial of a");
     }
 }

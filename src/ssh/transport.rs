@@ -90,7 +90,37 @@ pub struct RemoteCommand {
     /// the real transport prefixes it with an exported run marker so that a timed-out command's
     /// whole process session can be found and killed.
     pub verbatim: bool,
+    /// Stops the command early: the transport kills it as on a timeout and returns
+    /// [`TransportError::Cancelled`] (a join whose NodeClaim went away, S26).
+    pub cancel: Cancel,
 }
+
+/// A cancellation signal for a [`RemoteCommand`]. Not part of what the command *is*: two
+/// commands that differ only in it compare equal.
+#[derive(Clone, Default)]
+pub struct Cancel(Option<tokio_util::sync::CancellationToken>);
+
+impl Cancel {
+    pub fn new(token: tokio_util::sync::CancellationToken) -> Self {
+        Cancel(Some(token))
+    }
+
+    /// Resolves once cancelled; never for a command without a signal.
+    pub async fn cancelled(&self) {
+        match &self.0 {
+            Some(t) => t.cancelled().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl PartialEq for Cancel {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Cancel {}
 
 impl std::fmt::Debug for RemoteCommand {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,6 +129,7 @@ impl std::fmt::Debug for RemoteCommand {
             .field("stdin_len", &self.stdin.len())
             .field("timeout", &self.timeout)
             .field("verbatim", &self.verbatim)
+            .field("cancellable", &self.cancel.0.is_some())
             .finish()
     }
 }
@@ -110,6 +141,7 @@ impl RemoteCommand {
             stdin: Vec::new(),
             timeout,
             verbatim: false,
+            cancel: Cancel::default(),
         }
     }
 
@@ -123,6 +155,11 @@ impl RemoteCommand {
 
     pub fn with_stdin(mut self, stdin: impl Into<Vec<u8>>) -> Self {
         self.stdin = stdin.into();
+        self
+    }
+
+    pub fn with_cancel(mut self, cancel: Cancel) -> Self {
+        self.cancel = cancel;
         self
     }
 }
@@ -210,6 +247,8 @@ pub enum TransportError {
     AuthRefused { host: String, user: String },
     #[error("{host}: command timed out after {after:?}")]
     CommandTimeout { host: String, after: Duration },
+    #[error("{host}: command cancelled (killed before it finished)")]
+    Cancelled { host: String },
     #[error("{host}: channel error: {reason}")]
     Channel { host: String, reason: String },
     #[error("{host}: SSH protocol error: {reason}")]
@@ -236,6 +275,7 @@ impl TransportError {
             | TransportError::HostKeyMismatch { host, .. }
             | TransportError::AuthRefused { host, .. }
             | TransportError::CommandTimeout { host, .. }
+            | TransportError::Cancelled { host, .. }
             | TransportError::Channel { host, .. }
             | TransportError::Protocol { host, .. }
             | TransportError::Probe { host, .. } => host,

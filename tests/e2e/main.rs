@@ -1,4 +1,4 @@
-//! End-to-end tier (E1–E10, and S44/S52/S62 on the real control plane): the real `kpssh controller` binary against a real control plane
+//! End-to-end tier (E1–E11, and S44/S52/S62 on the real control plane): the real `kpssh controller` binary against a real control plane
 //! (kube-apiserver, etcd, kube-scheduler, kube-controller-manager) and real OpenSSH hosts whose
 //! profile starts a fake kubelet that really bootstraps with the minted token.
 //!
@@ -14,6 +14,8 @@ mod controlplane;
 mod fake_kubelet;
 #[path = "../support/go_layout.rs"]
 mod go_layout;
+#[path = "../support/nodehost.rs"]
+mod nodehost;
 #[path = "../support/sshd.rs"]
 mod sshd;
 #[path = "../support/testhost.rs"]
@@ -22,6 +24,7 @@ mod testhost;
 mod drain;
 mod faults;
 mod go_host;
+mod kubelet;
 mod migration;
 mod scale;
 mod verified;
@@ -78,6 +81,10 @@ const SCENARIOS: &[(&str, ScenarioFn)] = &[
     (
         "S62_go_layout_verified_host_probes_joins_and_leaves_through_sudo",
         |sc| Box::pin(go_host::s62(sc)),
+    ),
+    (
+        "E11_real_kubelet_joins_through_the_shipped_profile_and_runs_pods",
+        |sc| Box::pin(kubelet::e11(sc)),
     ),
 ];
 

@@ -100,7 +100,7 @@ pub async fn e1(sc: &mut Sc) -> Result<(), String> {
     Ok(())
 }
 
-fn csr_subject_is(c: &CertificateSigningRequest, cn: &str) -> bool {
+pub(crate) fn csr_subject_is(c: &CertificateSigningRequest, cn: &str) -> bool {
     // The PEM request is DER inside; the CN is stored as plain bytes in it.
     let pem = String::from_utf8_lossy(&c.spec.request.0).into_owned();
     let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();

@@ -31,7 +31,7 @@ use crate::sshd::{KeyPair, keygen};
 use crate::testhost::{ExecMode, TestHost, tail};
 
 pub const POOL_NS: &str = "kpssh-system";
-const KEY_SECRET: &str = "e2e-ssh-key";
+pub const KEY_SECRET: &str = "e2e-ssh-key";
 /// Label of every scenario's NodePool template and pod node selector.
 pub const SCENARIO_LABEL: &str = "e2e.kpssh.dev/scenario";
 

@@ -113,3 +113,67 @@ async fn s53_adopted_node_with_its_own_name_is_drained_deleted_and_the_host_retu
     let owner = (n.metadata.owner_references.iter().flatten()).find(|o| o.kind == "NodeClaim");
     assert_eq!(owner.map(|o| o.name.as_str()), Some(next.as_str()));
 }
+
+/// Found by the random campaign (seed 9437, `examples/sim/regress/adopt-node-left-by-release.yaml`):
+/// a claim deleted while its Adopt join runs. The release waits behind the launch; its leave
+/// runs while the kubelet registers the Node, before the host has seen that Node (so no
+/// provider ID is recorded). The release must still find the Node and delete it: left behind,
+/// owned by no claim, carrying the machine's provider ID, it stayed NotReady for good and node
+/// repair took it for the next claim's Node. Two checks of the release cover it (the recheck of
+/// registration while still Claimed, seeds 6633/6738, and `unrecorded_node`, seed 9437): the
+/// test fails only with both removed.
+#[tokio::test(start_paused = true)]
+async fn a_claim_deleted_during_its_adopt_join_leaves_no_node_behind() {
+    let e = env().await;
+    let mut class: SSHNodeClass =
+        e.w.cluster
+            .get(None, "pool")
+            .await
+            .expect("get")
+            .expect("class");
+    class.spec.provider_id_source = ProviderIdSource::Adopt;
+    e.w.cluster.replace(&class).await.expect("adopt");
+    let mut sim = kpssh::sim::SimHost::new("10.68.0.1", 2, 4 * 1024 * 1024);
+    // Phases outlast the kubelet's registration delay (5 s): the Node registers mid-leave.
+    sim.phase_latency = std::time::Duration::from_secs(20);
+    e.w.add_host("h000", "small", sim).await.expect("host");
+    wait_available(&e, 1).await;
+    e.w.cluster.create(&nodepool("default")).await.expect("np");
+    e.w.cluster
+        .create(&pod("web-0", "500m", "256Mi"))
+        .await
+        .expect("pod");
+    // Delete the claim right after its join finished (a join still running is killed once its
+    // claim is gone, token-lifetime), before the host has seen the Node the kubelet registers.
+    let joined = || {
+        e.w.transport.with("10.68.0.1", |h| {
+            (h.log.iter()).any(|r| r.phase == Some(kpssh::sim::SimPhase::Join))
+        }) == Some(true)
+    };
+    let done = e.w.until(3 * MINUTE, || async { joined() }).await;
+    assert!(done, "joined: {:?}", host_states(&e).await);
+    let name = claims(&e).await[0].metadata.name.clone().expect("name");
+    e.w.cluster
+        .delete::<NodeClaim>(None, &name, None)
+        .await
+        .expect("delete claim");
+    let gone =
+        e.w.until(5 * MINUTE, || async {
+            claims(&e)
+                .await
+                .iter()
+                .all(|c| c.metadata.name.as_deref() != Some(name.as_str()))
+        })
+        .await;
+    assert!(gone, "the claim was released");
+    tokio::time::sleep(2 * MINUTE).await;
+    let nodes: Vec<Node> = e.w.cluster.list(None, None).await.expect("nodes");
+    let left: Vec<_> = (nodes.iter())
+        .filter(|n| n.metadata.name.as_deref() == Some(name.as_str()))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the Node of the released claim is deleted: {:?}",
+        left.iter().map(|n| &n.metadata).collect::<Vec<_>>()
+    );
+}

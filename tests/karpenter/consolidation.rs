@@ -19,7 +19,7 @@ use kpssh::karpenter::sim_scheduler::RECREATE_ANNOTATION;
 
 use super::*;
 
-fn pool(budget: &str) -> NodePool {
+pub(super) fn pool(budget: &str) -> NodePool {
     let mut np = nodepool("default");
     np.spec.disruption.consolidate_after = Some("30s".into());
     np.spec.disruption.budgets = vec![Budget {
@@ -30,7 +30,7 @@ fn pool(budget: &str) -> NodePool {
 }
 
 /// A pod with its own `app` label that comes back pending when evicted (a ReplicaSet's).
-fn app(name: &str, cpu: &str) -> Pod {
+pub(super) fn app(name: &str, cpu: &str) -> Pod {
     let mut p = pod(name, cpu, "256Mi");
     p.metadata.labels = Some(BTreeMap::from([("app".to_string(), name.to_string())]));
     p.metadata.annotations = Some([(RECREATE_ANNOTATION.to_string(), "true".to_string())].into());
@@ -51,7 +51,7 @@ fn node_of(all: &[Pod], name: &str) -> Option<String> {
 
 /// `ps` on a new node of their own: created in one batch with a filler that takes the rest of
 /// the node (deleted later by [`drop_fillers`]). The node's name.
-async fn on_new_node(e: &Env, ps: Vec<Pod>, filler_cpu: &str, tag: &str) -> String {
+pub(super) async fn on_new_node(e: &Env, ps: Vec<Pod>, filler_cpu: &str, tag: &str) -> String {
     let first = ps[0].metadata.name.clone().expect("name");
     let want = running(e).await + ps.len() + 1;
     for p in ps {
@@ -68,7 +68,7 @@ async fn on_new_node(e: &Env, ps: Vec<Pod>, filler_cpu: &str, tag: &str) -> Stri
     node_of(&pods(e).await, &first).expect("bound")
 }
 
-async fn drop_fillers(e: &Env) {
+pub(super) async fn drop_fillers(e: &Env) {
     for p in pods(e).await {
         let name = p.metadata.name.clone().unwrap_or_default();
         if name.starts_with("filler-") {
@@ -80,7 +80,7 @@ async fn drop_fillers(e: &Env) {
     }
 }
 
-fn terminating(e: &Env) -> Vec<String> {
+pub(super) fn terminating(e: &Env) -> Vec<String> {
     e.w.cluster
         .events()
         .into_iter()

@@ -187,3 +187,46 @@ async fn s44_grace_period_of_a_marked_claim_survives_a_controller_restart() {
         .await;
     assert!(ok, "then drained, left, released");
 }
+
+/// Found by the random campaign (seed 7296, `examples/sim/regress/release-after-expiring-pods.yaml`):
+/// a claim whose deadline has already come when it is deleted (node repair writes "now"). The
+/// router released the host at once, before the drain had deleted the pods; leave failed (the
+/// machine was off), the claim went, and its pods stayed bound to the Node, never deleted,
+/// until the zombie guard deleted that Node under them when the machine came back. As core, the pods past the deadline are deleted first (their PDB
+/// notwithstanding), and the host is released after that.
+#[tokio::test(start_paused = true)]
+async fn a_claim_past_its_deadline_has_its_pods_deleted_before_release() {
+    let e = env().await;
+    hosts(&e, "h", "small", 1, 2, 4, 69).await;
+    let name = one_node(&e, web_pod("web-0", 30)).await;
+    e.w.cluster.create(&pdb()).await.expect("pdb");
+    // As in the seed: the machine is off (repair's case), so leave fails at once.
+    e.w.transport.with("10.69.0.1", |h| h.power_off());
+    // As repair: the deadline is now, then the deletion.
+    let now = kpssh::karpenter::termination::deadline::format(e.w.ctx.clock.now());
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {TERMINATION_TIMESTAMP_ANNOTATION: now}}});
+    e.w.cluster
+        .patch::<NodeClaim>(None, &name, &patch)
+        .await
+        .expect("deadline");
+    e.w.cluster
+        .delete::<NodeClaim>(None, &name, None)
+        .await
+        .expect("delete claim");
+    let gone =
+        e.w.until(5 * MINUTE, || async { claim(&e, &name).await.is_none() })
+            .await;
+    assert!(gone, "claim gone: {:?}", host_states(&e).await);
+    assert!(
+        !pod_exists(&e, "web-0").await,
+        "the pod past the deadline was deleted, not left bound to the claim's Node"
+    );
+    assert!(
+        reasons(&e)
+            .iter()
+            .any(|r| r == "PodDeletedForTerminationGracePeriod"),
+        "{:?}",
+        reasons(&e)
+    );
+}

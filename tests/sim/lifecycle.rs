@@ -63,7 +63,7 @@ async fn s20_restart_mid_join_resumes_same_host_and_token() {
     assert!(tokens(&w).await.is_empty(), "no token orphaned");
 }
 
-async fn adopt_class(w: &kpssh::sim::world::World) {
+pub async fn adopt_class(w: &kpssh::sim::world::World) {
     let mut class: SSHNodeClass = w
         .cluster
         .get(None, "pool")
@@ -272,5 +272,78 @@ async fn s31_foreign_nodeclaims_are_ignored() {
     assert!(
         nc.metadata.finalizers.is_none() && nc.status.is_none(),
         "untouched"
+    );
+}
+
+/// S27/S37: the Node registered, but recording it failed (its token's delete refused by the
+/// API) and then the host stopped answering SSH. The registration is in the API, not on the
+/// host: a failed probe rechecks it as a successful one does, so the host goes InUse and the
+/// token is deleted within a probe interval (random campaign seed 9220: before, only a later
+/// change of the Node did it, and under Adopt the launch was failed at its deadline).
+#[tokio::test(start_paused = true)]
+async fn s27_registration_is_recorded_while_the_host_is_unreachable() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let w = world().await;
+    // Adopt, as in the campaign: nothing but the host itself looks for the Node of an
+    // unadopted claim (with a Static provider ID the lifecycle's own Node updates would
+    // bring the Node to the host again).
+    adopt_class(&w).await;
+    let refuse = Arc::new(AtomicBool::new(true));
+    let on = refuse.clone();
+    w.cluster
+        .set_fault_injector(Some(Arc::new(move |kind, obj_kind, key: &str| {
+            let refused = kind == kpssh::k8s::memory::WriteKind::Delete
+                && obj_kind == "Secret"
+                && key.contains("bootstrap-token-")
+                && on.load(Ordering::SeqCst);
+            refused.then(|| kpssh::k8s::ClusterError::Transient {
+                kind: obj_kind.into(),
+                key: key.into(),
+                message: "injected: etcdserver: request timed out".into(),
+            })
+        })));
+    w.add_host("h", "small", SimHost::new("10.30.0.9", 2, 4_000_000))
+        .await
+        .expect("host");
+    wait_state(&w, "h", HostState::Available, MINUTE).await;
+    let _: NodeClaim = w
+        .cluster
+        .create(&node_claim("nc", "pool", "1", "1Gi"))
+        .await
+        .expect("nc");
+    let registered = w
+        .until(2 * MINUTE, || async {
+            let nodes: Vec<k8s_openapi::api::core::v1::Node> =
+                w.cluster.list(None, None).await.expect("list");
+            !nodes.is_empty()
+        })
+        .await;
+    assert!(registered, "the Node registered");
+    w.transport.with("10.30.0.9", |h| h.reachable = false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        wait_state(&w, "h", HostState::Claimed, MINUTE)
+            .await
+            .state(),
+        HostState::Claimed,
+        "the registration was not recorded"
+    );
+    assert_eq!(tokens(&w).await.len(), 1, "the token delete was refused");
+    refuse.store(false, Ordering::SeqCst);
+    let interval = kpssh::actors::Config::default().probe_interval;
+    let recorded = w
+        .until(interval + Duration::from_secs(15), || async {
+            tokens(&w).await.is_empty()
+                && w.host("h")
+                    .await
+                    .is_some_and(|h| h.state() == HostState::InUse)
+        })
+        .await;
+    let h = w.host("h").await.expect("host");
+    assert!(recorded, "status {:?}", h.status);
+    assert!(
+        (h.status.and_then(|s| s.last_probe_error)).is_some(),
+        "the host is still unreachable"
     );
 }

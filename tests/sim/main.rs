@@ -1,6 +1,8 @@
 //! Deterministic scenario tests of the actor core on the in-memory cluster and simulated
 //! hosts, on tokio's paused clock. Each test names the scenario of SCENARIOS.md it shows.
 
+mod abort;
+mod adopt_stale;
 mod backoff;
 mod claims;
 mod host_state;

@@ -41,7 +41,9 @@ pub fn helm() -> &'static Path {
     })
 }
 
-/// Runs helm under a time limit; Ok(stdout) or Err(stderr).
+/// Runs helm under a time limit; Ok(stdout) or Err(stderr). Its output is read while it runs:
+/// a rendered chart larger than a pipe's buffer (64 KiB) would otherwise block helm on its
+/// write until the limit.
 pub fn run_helm(args: &[&str]) -> Result<String, String> {
     let mut child = Command::new(helm())
         .args(args)
@@ -50,6 +52,27 @@ pub fn run_helm(args: &[&str]) -> Result<String, String> {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{}: {e}", helm().display()));
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let deadline = Instant::now() + HELM_LIMIT;
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait for helm") {
@@ -61,13 +84,8 @@ pub fn run_helm(args: &[&str]) -> Result<String, String> {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let (mut out, mut err) = (String::new(), String::new());
-    if let Some(mut s) = child.stdout.take() {
-        s.read_to_string(&mut out).expect("helm stdout");
-    }
-    if let Some(mut s) = child.stderr.take() {
-        s.read_to_string(&mut err).expect("helm stderr");
-    }
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
     if status.success() { Ok(out) } else { Err(err) }
 }
 

@@ -4,18 +4,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret as KubeSecret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use rand::Rng;
 use serde_json::json;
 use tracing::Instrument;
 
 use super::failure::{fail, fail_as};
-use super::phases::{PhaseFailure, plan, run_phase};
+use super::phases::{PhaseFailure, plan, run_phase, run_phase_cancellable};
 use super::probe::write;
-use super::registration::{TOKEN_NAMESPACE, static_provider_id, token_secret_name};
+use super::registration::static_provider_id;
 use super::{HostActorState, target};
 use crate::actors::drift::nodeclass_hash;
 use crate::actors::events;
@@ -30,10 +28,9 @@ use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::karpenter::quantity;
 use crate::profile::phase::{Phase, PhaseContext, Taint};
 use crate::secret::Secret;
-use crate::ssh::Transport;
+use crate::ssh::{Cancel, Transport};
 
-/// Group the minted tokens authenticate as (bind it to system:node-bootstrapper).
-pub const BOOTSTRAP_GROUP: &str = "system:bootstrappers:kpssh";
+pub use super::token::{BOOTSTRAP_GROUP, token_secret};
 
 /// Everything a launch needs, resolved before the host is touched.
 struct Plan {
@@ -48,11 +45,37 @@ pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, cla
     if state.host.claim() != Some(claim) {
         let _ = state.refresh().await;
     }
-    if state.host.claim() != Some(claim) || state.state() != HostState::Claimed {
+    if state.host.claim() != Some(claim) {
         return;
     }
     let span = state.lifecycle_span(claim);
-    traced(state, claim).instrument(span).await
+    match state.state() {
+        HostState::Claimed => traced(state, claim).instrument(span).await,
+        HostState::InUse => registered_unreported(state, claim).instrument(span).await,
+        _ => {}
+    }
+}
+
+/// S20: a launch cut short (a restart) after its join, whose Node registered before the
+/// launch was resumed: the host is InUse, the NodeClaim not yet Launched. Report it now, or
+/// the NodeClaim would never be Launched (random sweep seeds 6633, 6738).
+async fn registered_unreported<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: &ClaimRef,
+) {
+    match resolve(state, claim).await {
+        // Launched already (resolve says so with None), or gone.
+        Ok(None) => {}
+        Ok(Some(plan)) => {
+            let nodepool = crate::telemetry::lifecycle::nodepool_of(&plan.claim);
+            tracing::info!(host = %state.key(), nodeclaim = %claim.name, "resumed launch: the Node registered; reporting the NodeClaim launched");
+            report_joined(state, &plan, claim, nodepool).await;
+        }
+        // The host is in use: a configuration error now is no launch failure of it.
+        Err(f) => {
+            tracing::warn!(host = %state.key(), nodeclaim = %claim.name, error = %f.message, "resumed launch: the NodeClaim could not be reported launched")
+        }
+    }
 }
 
 /// The launch inside the claim's lifecycle span.
@@ -70,14 +93,25 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
     match launch(state, &plan).await {
         // The NodeClaim was force-deleted while the join ran (S26): release now, with its
         // token (S27), rather than at the next probe, a whole probe interval later.
-        Ok(true)
+        Ok(Launch::Joined)
             if super::registration::release_if_stale(state)
                 .await
                 .unwrap_or(false) =>
         {
             return;
         }
-        Ok(true) => {
+        // The join was stopped because its NodeClaim went (S26): no failure of the host's.
+        // A vanished claim is released here with its token (S27; if the API refuses, the
+        // router's probe, queued behind this launch, tries again); a claim being deleted
+        // gets its Release, queued too.
+        Ok(Launch::Aborted) => {
+            tracing::info!(host = %state.key(), nodeclaim = %claim.name, "join stopped: its NodeClaim is gone or being deleted");
+            if let Err(e) = super::registration::release_if_stale(state).await {
+                tracing::warn!(host = %state.key(), error = %e, "stale claim not released; the next probe retries");
+            }
+            return;
+        }
+        Ok(Launch::Joined) => {
             let class = plan.claim.spec.node_class_ref.name.clone();
             let now = state.ctx.clock.now();
             (state.ctx.launches).record(&class, crate::actors::launches::Outcome::succeeded(), now);
@@ -85,11 +119,20 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
         }
         // The NodeClaim went away while the launch waited: its release (queued) or the stale
         // claim check of the next probe frees the host.
-        Ok(false) => return,
+        Ok(Launch::Unwanted) => return,
         Err(f) => return fail(state, claim, Some(&nodeclaim), f).await,
     }
-    // Joined: the host is attached (and billed) until its claim ends.
-    let vcpus = host_capacity(state, &plan)
+    report_joined(state, &plan, claim, nodepool).await;
+}
+
+/// Joined: the host is attached (and billed) until its claim ends; the NodeClaim says so.
+async fn report_joined<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    plan: &Plan,
+    claim: &ClaimRef,
+    nodepool: &str,
+) {
+    let vcpus = host_capacity(state, plan)
         .get("cpu")
         .and_then(quantity::parse)
         .map_or(0.0, |milli| milli as f64 / 1000.0);
@@ -102,7 +145,7 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
         },
     );
     for attempt in 1..=5u32 {
-        match report_launched(state, &plan).await {
+        match report_launched(state, plan).await {
             Ok(()) => break,
             Err(e) => {
                 tracing::warn!(host = %state.key(), error = %e, attempt, "launched, but the NodeClaim status was not written");
@@ -112,12 +155,22 @@ async fn traced<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, clai
     }
 }
 
-/// Install and join under one phase slot. False when the NodeClaim is gone or being deleted
-/// by the time its turn came: no host is touched for a claim nobody wants any more.
+/// How a launch that did not fail ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Launch {
+    Joined,
+    /// The NodeClaim was gone or being deleted by the time its turn came: no host is touched
+    /// for a claim nobody wants any more.
+    Unwanted,
+    /// The join was killed because its NodeClaim went meanwhile ([`super::abort`]).
+    Aborted,
+}
+
+/// Install and join under one phase slot.
 async fn launch<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
     plan: &Plan,
-) -> Result<bool, PhaseFailure> {
+) -> Result<Launch, PhaseFailure> {
     let waiting = tokio::time::Instant::now();
     state.launch_slot = Some(state.ctx.limits.phase_slot().await);
     state.ctx.metrics.limiter_waited("phase", waiting.elapsed());
@@ -131,24 +184,20 @@ async fn still_wanted<C: Cluster, T: Transport>(
     state: &HostActorState<C, T>,
     plan: &Plan,
 ) -> Result<bool, PhaseFailure> {
-    let name = plan.claim.metadata.name.clone().unwrap_or_default();
-    let current: Option<NodeClaim> = state
-        .ctx
-        .cluster
-        .get(None, &name)
+    let Some(claim) = plan_claim_ref(plan) else {
+        return Ok(false);
+    };
+    super::abort::wanted(&state.ctx, &claim)
         .await
-        .map_err(api_failure)?;
-    Ok(current.is_some_and(|nc| {
-        nc.metadata.uid == plan.claim.metadata.uid && nc.metadata.deletion_timestamp.is_none()
-    }))
+        .map_err(api_failure)
 }
 
 async fn install_and_join<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
     plan: &Plan,
-) -> Result<bool, PhaseFailure> {
+) -> Result<Launch, PhaseFailure> {
     if !still_wanted(state, plan).await? {
-        return Ok(false);
+        return Ok(Launch::Unwanted);
     }
     let ns = state.ctx.pool_ns().to_string();
     let target = target::host_target(&state.ctx.cluster, &ns, &state.host)
@@ -169,13 +218,27 @@ async fn install_and_join<C: Cluster, T: Transport>(
             .map_err(api_failure)?;
     }
     if !warm && !still_wanted(state, plan).await? {
-        return Ok(false);
+        return Ok(Launch::Unwanted);
     }
     super::registration::leave_stale_kubelet(state, &target, &plan.claim).await?;
-    let token = token(state).await.map_err(api_failure)?;
+    let token = super::token::token(state).await.map_err(api_failure)?;
     let mut ctx = plan.ctx.clone();
     ctx.bootstrap_token = Some(token);
-    run_phase(state, &target, &plan.profile, Phase::Join, &ctx).await?;
+    let claim = plan_claim_ref(plan)
+        .ok_or_else(|| PhaseFailure::config("NodeClaim without a name or UID"))?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let join = run_phase_cancellable(
+        state,
+        &target,
+        &plan.profile,
+        Phase::Join,
+        &ctx,
+        Cancel::new(stop.clone()),
+    );
+    match super::abort::while_wanted(&state.ctx, &claim, &stop, join).await {
+        (Err(_), true) => return Ok(Launch::Aborted),
+        (result, _) => result?,
+    }
     let provider_id = (!ctx.provider_id.is_empty()).then(|| ctx.provider_id.clone());
     let adopt = provider_id.is_none();
     write_held(state, plan, |s| s.provider_id = provider_id.clone())
@@ -196,7 +259,7 @@ async fn install_and_join<C: Cluster, T: Transport>(
             }
         });
     }
-    Ok(true)
+    Ok(Launch::Joined)
 }
 
 /// Record a launch step on the host. A conflict (a probe or the router wrote first) is
@@ -449,109 +512,8 @@ pub async fn cluster_endpoint<C: Cluster>(
         .and_then(|c| c.data)
         .and_then(|d| d.get("kubeconfig").cloned())
         .ok_or_else(missing)?;
-    let parsed: serde_yaml::Value = serde_yaml::from_str(&kubeconfig).map_err(|_| missing())?;
-    let entry = &parsed["clusters"][0]["cluster"];
-    let server = entry["server"].as_str().ok_or_else(missing)?.to_string();
-    let ca = entry["certificate-authority-data"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    Ok((server, ca))
-}
-
-/// The bootstrap token for this launch, recorded in status **before** its Secret is created, so
-/// a crash in between can never orphan a token (S27). A resumed launch (S20) keeps the recorded
-/// ID but mints a new secret half and replaces the Secret: the controller may create and delete
-/// token Secrets, never read them (`get` on kube-system Secrets would let a stolen controller
-/// identity read any of them).
-async fn token<C: Cluster, T: Transport>(
-    state: &mut HostActorState<C, T>,
-) -> Result<Secret, ClusterError> {
-    let recorded = state
-        .host
-        .status
-        .as_ref()
-        .and_then(|s| s.bootstrap_token_id.clone());
-    let id = match recorded {
-        Some(id) => id,
-        None => {
-            let id = random_token_part(state, 6);
-            write(state, ProbeStamp::Keep, |s| {
-                s.bootstrap_token_id = Some(id.clone())
-            })
-            .await?;
-            id
-        }
-    };
-    let half = random_token_part(state, 16);
-    let expires = state.ctx.clock.now()
-        + jiff::SignedDuration::try_from(state.ctx.config.token_ttl)
-            .unwrap_or(jiff::SignedDuration::from_hours(1));
-    let secret = token_secret(
-        &id,
-        &half,
-        expires,
-        &format!("kpssh join of {}", state.key()),
-    );
-    match state.ctx.cluster.create(&secret).await {
-        Ok(_) => {}
-        // A previous attempt (before a restart, or a retry) created it: replace it.
-        Err(ClusterError::AlreadyExists { .. }) => {
-            state
-                .ctx
-                .cluster
-                .delete::<KubeSecret>(Some(TOKEN_NAMESPACE), &token_secret_name(&id), None)
-                .await?;
-            state.ctx.cluster.create(&secret).await?;
-        }
-        Err(e) => return Err(e),
-    }
-    Ok(Secret::new(format!("{id}.{half}")))
-}
-
-/// The `kube-system/bootstrap-token-<id>` Secret of a token `<id>.<secret>`: group
-/// [`BOOTSTRAP_GROUP`], label `app.kubernetes.io/managed-by: kpssh` (the chart's admission
-/// policy lets the controller create exactly this shape and delete only Secrets so labelled).
-pub fn token_secret(
-    id: &str,
-    secret: &str,
-    expires: jiff::Timestamp,
-    description: &str,
-) -> KubeSecret {
-    let data = |v: &str| ByteString(v.as_bytes().to_vec());
-    KubeSecret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(token_secret_name(id)),
-            namespace: Some(TOKEN_NAMESPACE.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_string(),
-                "kpssh".to_string(),
-            )])),
-            ..Default::default()
-        },
-        type_: Some("bootstrap.kubernetes.io/token".into()),
-        data: Some(BTreeMap::from([
-            ("token-id".to_string(), data(id)),
-            ("token-secret".to_string(), data(secret)),
-            (
-                "expiration".to_string(),
-                data(&expires.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
-            ),
-            ("usage-bootstrap-authentication".to_string(), data("true")),
-            ("usage-bootstrap-signing".to_string(), data("true")),
-            ("auth-extra-groups".to_string(), data(BOOTSTRAP_GROUP)),
-            ("description".to_string(), data(description)),
-        ])),
-        ..Default::default()
-    }
-}
-
-fn random_token_part<C: Cluster, T: Transport>(state: &HostActorState<C, T>, len: usize) -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = state.ctx.rng();
-    (0..len)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect()
+    let endpoint = crate::k8s::cluster_info::endpoint(&kubeconfig).map_err(|_| missing())?;
+    Ok((endpoint.server, endpoint.ca_data))
 }
 
 /// Write the launch result onto the NodeClaim: provider ID, capacity, allocatable, labels and

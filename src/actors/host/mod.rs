@@ -2,6 +2,7 @@
 //! probes, launches and releases, so no second operation can start on a host while a phase is
 //! in flight. State lives in the API; a restarted actor rebuilds from the SSHHost object.
 
+pub mod abort;
 pub mod backoff;
 pub mod failure;
 pub mod launch;
@@ -12,6 +13,7 @@ pub mod probe_clock;
 pub mod registration;
 pub mod release;
 pub mod target;
+pub mod token;
 pub mod trace;
 pub mod verified;
 

@@ -8,7 +8,7 @@ use crate::profile::phase::{
     render_phase,
 };
 use crate::profile::verified::VerifiedPolicy;
-use crate::ssh::{CommandOutput, HostTarget, RemoteCommand, Transport};
+use crate::ssh::{Cancel, CommandOutput, HostTarget, RemoteCommand, Transport};
 use crate::telemetry::lifecycle::millis;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -138,6 +138,18 @@ pub async fn run_phase<C: Cluster, T: Transport>(
     phase: Phase,
     ctx: &PhaseContext,
 ) -> Result<(), PhaseFailure> {
+    run_phase_cancellable(state, target, profile, phase, ctx, Cancel::default()).await
+}
+
+/// [`run_phase`], killed (as on its timeout) when `cancel` fires.
+pub async fn run_phase_cancellable<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    target: &HostTarget,
+    profile: &SSHJoinProfile,
+    phase: Phase,
+    ctx: &PhaseContext,
+    cancel: Cancel,
+) -> Result<(), PhaseFailure> {
     let span = tracing::info_span!(
         "phase",
         otel.name = phase.as_str(),
@@ -150,7 +162,7 @@ pub async fn run_phase<C: Cluster, T: Transport>(
         duration_ms = Empty,
         otel.status_code = Empty,
     );
-    let result = run_phase_inner(state, target, profile, phase, ctx)
+    let result = run_phase_inner(state, target, profile, phase, ctx, cancel)
         .instrument(span.clone())
         .await;
     if let Err(f) = &result {
@@ -168,6 +180,7 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
     profile: &SSHJoinProfile,
     phase: Phase,
     ctx: &PhaseContext,
+    cancel: Cancel,
 ) -> Result<(), PhaseFailure> {
     let span = tracing::Span::current();
     let (cmd, redactor) = plan(
@@ -178,6 +191,7 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
         state.ctx.clock.now(),
         state.ctx.config.verified,
     )?;
+    let cmd = cmd.with_cancel(cancel);
     let waiting = tokio::time::Instant::now();
     let limits = &state.ctx.limits;
     // Under a launch's slot only the dial rate is waited for; counting that as a phase wait

@@ -358,11 +358,16 @@ async fn record_failure<C: Cluster, T: Transport>(
     }
     // S27: a token a failed launch could not delete is an API object, not a host's: it goes
     // at this probe even if the host stays unreachable for longer than the probe interval.
-    if matches!(
-        state.state(),
-        HostState::Available | HostState::Unhealthy | HostState::Pending
-    ) {
-        registration::collect_token(state).await?;
+    match state.state() {
+        HostState::Available | HostState::Unhealthy | HostState::Pending => {
+            registration::collect_token(state).await?;
+        }
+        // S27/S37: so is a registration whose recording failed (a lost write when the Node
+        // appeared): the Node is in the API, and with it the token's end, whether or not the
+        // host answers now (random campaign seed 9220: a host that lost power after its Node
+        // registered kept its token until the Node next changed).
+        HostState::Claimed => Box::pin(registration::recheck_registration(state)).await?,
+        _ => {}
     }
     Ok(())
 }

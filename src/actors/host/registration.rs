@@ -10,7 +10,7 @@ use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::host::OrphanNode;
 use crate::api::karpenter::TERMINATION_FINALIZER;
-use crate::api::{ExecMode, HostState, NodeClaim};
+use crate::api::{ClaimRef, ExecMode, HostState, NodeClaim};
 use crate::k8s::{Cluster, ClusterError, EventType, finalizers};
 use crate::profile::phase::Phase;
 use crate::ssh::{HostTarget, Transport};
@@ -202,27 +202,16 @@ async fn try_node_seen<C: Cluster, T: Transport>(
     if state.state() != HostState::Claimed || node.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let Some(provider_id) = node_identity::provider_id(node).map(str::to_string) else {
-        return Ok(());
-    };
-    // A Node registered for another (earlier) claim of this host is not this one's.
-    if node_identity::owner_claim(node).is_some_and(|uid| uid != claim.uid) {
-        return Ok(());
-    }
     let expected = state
         .host
         .status
         .as_ref()
         .and_then(|s| s.provider_id.clone());
-    let ours = match &expected {
-        // Static: the provider ID is the host's; the kubelet registers under the claim's
-        // name, or the lifecycle already registered the Node for this claim by provider ID.
-        Some(p) => *p == provider_id && node_identity::is_claims(node, &claim.name, &claim.uid),
-        // Adopt: any name (nodeadm's `mi-*`, S53); the Node carries this host's IP.
-        None => crate::actors::context::internal_ips(node)
-            .contains(&state.host.node_address().to_string()),
+    let Some(provider_id) = registered_for(state, node, &claim) else {
+        return Ok(());
     };
-    if !ours {
+    // Adopt: and not a Node an earlier claim of the host left behind (see registered_since).
+    if expected.is_none() && !registered_since(state, node, &claim).await? {
         return Ok(());
     }
     delete_token(state).await?;
@@ -243,6 +232,89 @@ async fn try_node_seen<C: Cluster, T: Transport>(
         adopt_into_claim(state, &claim.name, &provider_id).await?;
     }
     Ok(())
+}
+
+/// Adopt: a Node owned by no claim is this claim's only if a kubelet registered it since the
+/// claim was made: created since, or (a kubelet that re-uses an existing object, as nodeadm's
+/// per-machine names allow) its Ready heartbeat posted since. A Node an earlier claim of the
+/// host left behind (its registration not recorded before its release, so the release could
+/// not find it) carries the host's IP too, and taken for this claim it made the host InUse
+/// without a join (random sweep seeds 6633, 6738).
+async fn registered_since<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    node: &Node,
+    claim: &ClaimRef,
+) -> Result<bool, ClusterError> {
+    if node_identity::owner_claim(node) == Some(claim.uid.as_str()) {
+        return Ok(true);
+    }
+    let nc: Option<NodeClaim> = state.ctx.cluster.get(None, &claim.name).await?;
+    // The claim gone (the stale-claim check releases the host), or no timestamp (never from
+    // an API server): not known to be this claim's.
+    let Some(claim_at) = nc
+        .filter(|nc| nc.metadata.uid.as_deref() == Some(claim.uid.as_str()))
+        .and_then(|nc| nc.metadata.creation_timestamp)
+    else {
+        return Ok(false);
+    };
+    let heartbeat = (node.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|c| c.last_heartbeat_time.as_ref());
+    let since = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| t.0 >= claim_at.0;
+    Ok(
+        node.metadata.creation_timestamp.as_ref().is_some_and(since)
+            || heartbeat.is_some_and(since),
+    )
+}
+
+/// The provider ID of `node` if it is the Node of the host's claim `claim`, as registration
+/// judges it: not owned by another claim, and, Static (a provider ID recorded on the host):
+/// that ID, under the claim's name or owned by it; Adopt (none recorded yet): any name
+/// (nodeadm's `mi-*`, S53) carrying this host's IP.
+fn registered_for<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    node: &Node,
+    claim: &ClaimRef,
+) -> Option<String> {
+    let provider_id = node_identity::provider_id(node)?;
+    // A Node registered for another (earlier) claim of this host is not this one's.
+    if node_identity::owner_claim(node).is_some_and(|uid| uid != claim.uid) {
+        return None;
+    }
+    let expected = (state.host.status.as_ref()).and_then(|s| s.provider_id.as_deref());
+    let ours = match expected {
+        Some(p) => p == provider_id && node_identity::is_claims(node, &claim.name, &claim.uid),
+        None => crate::actors::context::internal_ips(node)
+            .contains(&state.host.node_address().to_string()),
+    };
+    ours.then(|| provider_id.to_string())
+}
+
+/// The Node of the host's claim that registered while the host had not seen it yet (the Node
+/// event still queued behind the claim's deletion; Adopt mode records no provider ID until
+/// then): the release must still find it and delete it, or it stays behind, unowned, with
+/// the machine's provider ID, and a later claim of the machine is taken for it (seed 9437:
+/// node repair deleted a fresh claim for a leaked Node NotReady for 45 minutes). Looked up
+/// as `recheck_registration` does, judged as registration does.
+pub async fn unrecorded_node<C: Cluster, T: Transport>(
+    state: &HostActorState<C, T>,
+    claim: &ClaimRef,
+) -> Result<Option<Node>, ClusterError> {
+    let ip = state.host.node_address().to_string();
+    let mut names = vec![claim.name.clone()];
+    names.extend(
+        (state.ctx.node_addresses.named_with_ip(&ip).into_iter()).filter(|n| *n != claim.name),
+    );
+    for name in names {
+        if let Some(node) = state.ctx.cluster.get::<Node>(None, &name).await?
+            && node.metadata.deletion_timestamp.is_none()
+            && registered_for(state, &node, claim).is_some()
+        {
+            return Ok(Some(node));
+        }
+    }
+    Ok(None)
 }
 
 /// Adopt mode: the NodeClaim takes the provider ID the join mechanism gave the Node (S21).

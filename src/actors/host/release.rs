@@ -4,7 +4,7 @@
 use super::HostActorState;
 use super::node_identity::{self, Identity};
 use super::probe::write;
-use super::registration::{delete_node, delete_token, leave, orphan_record};
+use super::registration::{delete_node, delete_token, leave, orphan_record, unrecorded_node};
 use crate::actors::events;
 use crate::actors::status::ProbeStamp;
 use crate::api::{ClaimRef, HostState};
@@ -55,6 +55,16 @@ async fn finish<C: Cluster, T: Transport>(
     delete_token(state).await?;
     let outcome = leave(state).await;
     let failure = outcome.as_ref().err().map(|f| f.message.clone());
+    // Adopt: a Node that registered while this release was queued is not recorded yet. Record
+    // it now (by IP, created since the claim), so that it goes with its claim instead of
+    // lingering for a later claim of the host to take (random sweep seeds 6633, 6738).
+    let unrecorded = (state.host.status.as_ref()).is_none_or(|s| s.provider_id.is_none());
+    if unrecorded
+        && state.state() == HostState::Claimed
+        && let Err(e) = super::registration::recheck_registration(state).await
+    {
+        tracing::warn!(host = %state.key(), error = %e, "registration not rechecked before the release");
+    }
     // The claim's Node by what identifies it, whatever its name (S53: nodeadm's `mi-*`).
     let recorded = state
         .host
@@ -67,7 +77,12 @@ async fn finish<C: Cluster, T: Transport>(
         provider_id: recorded.as_deref(),
         node_ip: Some(state.host.node_address()),
     };
-    let node = node_identity::find(&state.ctx, &identity).await?;
+    let node = match (node_identity::find(&state.ctx, &identity).await?, &recorded) {
+        (Some(node), _) => Some(node),
+        // Adopt: the Node registered, but its event has not reached this host yet.
+        (None, None) => unrecorded_node(state, claim).await?,
+        (None, Some(_)) => None,
+    };
     // The kubelet may still run after a failed leave: the Node stays until a probe shows it
     // stopped, recorded in the status (a restart must not forget it, its finalizer held).
     let orphan = node

@@ -170,11 +170,13 @@ async fn on_event<C: Cluster, T: Transport>(
 ) {
     match ev {
         WatchEvent::Restarted(all) => {
-            state.ctx.claims.replace_all(
-                all.iter()
-                    .filter(|c| c.is_ours())
-                    .filter_map(|c| c.metadata.uid.as_deref()),
-            );
+            state
+                .ctx
+                .claims
+                .replace_all(all.iter().filter(|c| c.is_ours()).filter_map(|c| {
+                    let deleting = c.metadata.deletion_timestamp.is_some();
+                    c.metadata.uid.as_deref().map(|u| (u, deleting))
+                }));
             state.claims = all
                 .into_iter()
                 .filter(|c| c.is_ours())
@@ -187,7 +189,8 @@ async fn on_event<C: Cluster, T: Transport>(
         }
         WatchEvent::Applied(nc) if nc.is_ours() => {
             if let Some(uid) = nc.metadata.uid.as_deref() {
-                state.ctx.claims.insert(uid);
+                let deleting = nc.metadata.deletion_timestamp.is_some();
+                state.ctx.claims.insert(uid, deleting);
             }
             let name = nc.metadata.name.clone().unwrap_or_default();
             state.claims.insert(name.clone(), nc);
@@ -305,12 +308,14 @@ async fn terminate<C: Cluster, T: Transport>(
     let uid = nc.metadata.uid.clone().unwrap_or_default();
     if let Some(host) = holder(&state.ctx, nc) {
         // S40/S44: leave only after the drain (the karpenter layer marks the NodeClaim
-        // drained, also when its terminationGracePeriod ran out); a Node that never registered
-        // has nothing to drain. Without a grace period a drain blocked by a PDB or a
-        // do-not-disrupt pod holds the host for as long as it takes, as in core.
-        let drain_pending = !drained(nc)
-            && !deadline_passed(nc, &state.ctx.clock)
-            && claim_node_exists(&state.ctx, nc, &host).await?;
+        // drained, also when its terminationGracePeriod ran out, once it has deleted the pods
+        // still there: as core, whose drain deletes them before the instance goes); a Node
+        // that never registered has nothing to drain. A deadline already past does not skip
+        // the drain (seed 7296: repair writes "now", the host was released before the pods
+        // were deleted, and they stayed bound to the Node). Without a grace period a drain
+        // blocked by a PDB or a do-not-disrupt pod holds the host for as long as it takes,
+        // as in core.
+        let drain_pending = !drained(nc) && claim_node_exists(&state.ctx, nc, &host).await?;
         if drain_pending {
             state.waiting.insert(name);
             return Ok(());
@@ -326,6 +331,7 @@ async fn terminate<C: Cluster, T: Transport>(
     // The host deleted the Node after a successful leave; after a failed one it keeps it until
     // the kubelet is seen stopped. Either way the NodeClaim may go now.
     finalizers::set(&state.ctx.cluster, nc, TERMINATION_FINALIZER, false).await?;
+    state.ctx.metrics.core.terminated(nc);
     Ok(())
 }
 
@@ -359,14 +365,4 @@ fn drained(nc: &NodeClaim) -> bool {
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(crate::karpenter::DRAINED_ANNOTATION))
-}
-
-/// The deadline recorded on the claim (`karpenter.sh/nodeclaim-termination-timestamp`, from
-/// its terminationGracePeriod) has passed. The karpenter layer marks such a claim drained
-/// itself; this also holds when that layer is not running.
-fn deadline_passed(nc: &NodeClaim, clock: &crate::clock::Clock) -> bool {
-    match crate::karpenter::termination::deadline::recorded(nc) {
-        crate::karpenter::termination::deadline::Recorded::At(t) => clock.now() >= t,
-        _ => false,
-    }
 }

@@ -9,7 +9,7 @@ use super::super::lifecycle::condition_true;
 use super::super::scheduling::PodInfo;
 use super::super::state::Inner;
 use super::super::termination::{is_marked, parse_duration};
-use super::super::{nodepool_hash, pods};
+use super::super::{budgets, nodepool_hash, pods};
 use super::blockers::{Pdbs, blocker};
 use super::consolidation::pods_by_node;
 use super::{Reason, replacement};
@@ -103,9 +103,9 @@ impl<'a> PoolSettings<'a> {
 
 /// A NodePool's claims as disruption sees them in one round.
 pub(super) struct PoolView {
-    /// Claims not being deleted.
+    /// Initialized claims (the budget's denominator, as core's).
     pub total: usize,
-    /// Claims being deleted, marked or waiting for their replacement.
+    /// Of those, the ones NotReady, being deleted, marked or waiting for their replacement.
     pub disrupting: i64,
     pub candidates: Vec<Candidate>,
     /// Nodes that would be disrupted but for a blocker (do-not-disrupt, a PDB).
@@ -135,18 +135,11 @@ pub(super) fn collect<C: Cluster, T: Transport>(
         .map(|nc| &**nc)
         .filter(|nc| nc.nodepool() == Some(pool_name.as_str()))
         .collect();
-    let total = mine
-        .iter()
-        .filter(|nc| nc.metadata.deletion_timestamp.is_none())
-        .count();
-    let disrupting = mine
-        .iter()
-        .filter(|nc| {
-            nc.metadata.deletion_timestamp.is_some()
-                || is_marked(nc)
-                || replacement::replaced_by(nc).is_some()
-        })
-        .count() as i64;
+    // S59: core's count (initialized nodes; NotReady, deleting, marked and cordoned for a
+    // replacement use the budget).
+    let usage = budgets::usage(st, &pool_name);
+    let total = usage.total;
+    let disrupting = usage.disrupting + usage.waiting;
     let by_node = pods_by_node(st);
     let mut candidates = vec![];
     let mut blocked = vec![];
@@ -179,10 +172,9 @@ pub(super) fn collect<C: Cluster, T: Transport>(
         };
         let pool_drift =
             nodepool_hash::drifted(nc, &s.hash) || requirements_drifted(s.pool, nc, node);
-        let quiet_since = [st.pod_events.get(&node_name).copied(), initialized_at(nc)]
-            .into_iter()
-            .flatten()
-            .max();
+        // S59, as core: from the last pod event (persisted in status.lastPodEventTime, so a
+        // restart does not reset it), else from initialization.
+        let quiet_since = super::super::pod_events::last_pod_event(st, nc).or(initialized_at(nc));
         let quiet = match (s.consolidate_after, quiet_since) {
             (Some(after), Some(t)) => ctx.clock.since(t) >= after,
             (Some(_), None) => true,

@@ -158,11 +158,18 @@ pub struct Elsewhere {
     refused: HashMap<String, usize>,
 }
 
-/// Where each pod of a candidate would go: node index and pod.
+/// Where each pod of one or more candidates would go: node index and pod.
 pub struct Plan {
-    /// The candidate's node, when it is in the view.
-    node: Option<usize>,
+    /// The candidates' nodes that are in the view.
+    nodes: Vec<usize>,
     moves: Vec<(usize, PodInfo)>,
+}
+
+impl Plan {
+    /// How many pods the plan moves onto other nodes.
+    pub fn moved(&self) -> usize {
+        self.moves.len()
+    }
 }
 
 impl Elsewhere {
@@ -251,22 +258,46 @@ impl Elsewhere {
     /// fits nowhere, or has a constraint this layer cannot check (then it keeps its node). The
     /// pods on their way to `node` (from a node being drained) must find room too.
     pub fn plan(&mut self, node: &str, moving: &[PodInfo]) -> Option<Plan> {
+        match self.plan_many(&[node], moving, false)? {
+            (plan, left) if left.is_empty() => Some(plan),
+            _ => None,
+        }
+    }
+
+    /// [`Elsewhere::plan`] for several nodes at once (S57, multi-node consolidation): `moving`
+    /// holds the pods of all of them, and none of them takes a pod. With `partial`, the pods
+    /// that fit nowhere are handed back (for a replacement node to take) instead of failing
+    /// the plan; `None` still when a pod has a constraint this layer cannot check.
+    pub fn plan_many(
+        &mut self,
+        nodes: &[&str],
+        moving: &[PodInfo],
+        partial: bool,
+    ) -> Option<(Plan, Vec<PodInfo>)> {
         if moving.iter().any(|p| p.unsupported.is_some()) {
             return None;
         }
-        let own = self.by_name.get(node).copied();
+        let own: Vec<usize> = nodes
+            .iter()
+            .filter_map(|n| self.by_name.get(*n).copied())
+            .collect();
+        let is_own: std::collections::HashSet<usize> = own.iter().copied().collect();
         let mut all: Vec<PodInfo>;
-        let pods = match own.map(|i| &self.reserved[i]) {
-            Some(r) if !r.is_empty() => {
-                all = moving.iter().chain(r).cloned().collect();
-                sort_pods(&mut all);
-                all.as_slice()
-            }
-            _ => moving,
+        let pods = if own.iter().any(|&i| !self.reserved[i].is_empty()) {
+            all = moving
+                .iter()
+                .chain(own.iter().flat_map(|&i| &self.reserved[i]))
+                .cloned()
+                .collect();
+            sort_pods(&mut all);
+            all.as_slice()
+        } else {
+            moving
         };
         // Nodes that took a moving pod, with it added.
         let mut taken: HashMap<usize, SimNode> = HashMap::new();
         let mut moves = Vec::with_capacity(pods.len());
+        let mut left = vec![];
         for p in pods {
             let key = shape_key(p);
             let from = self.refused.get(&key).copied().unwrap_or(0);
@@ -280,7 +311,7 @@ impl Elsewhere {
                     }
                     continue;
                 }
-                if Some(i) != own && taken.get(&i).is_none_or(|t| t.fits(p)) {
+                if !is_own.contains(&i) && taken.get(&i).is_none_or(|t| t.fits(p)) {
                     found = Some(i);
                     break;
                 }
@@ -288,20 +319,25 @@ impl Elsewhere {
             if refusing > from {
                 self.refused.insert(key, refusing);
             }
-            let i = found?;
-            taken
-                .entry(i)
-                .or_insert_with(|| self.nodes[i].clone())
-                .add(p);
-            moves.push((i, p.clone()));
+            match found {
+                Some(i) => {
+                    taken
+                        .entry(i)
+                        .or_insert_with(|| self.nodes[i].clone())
+                        .add(p);
+                    moves.push((i, p.clone()));
+                }
+                None if partial => left.push(p.clone()),
+                None => return None,
+            }
         }
-        Some(Plan { node: own, moves })
+        Some((Plan { nodes: own, moves }, left))
     }
 
-    /// The node of `plan` is being disrupted: nothing may move onto it any more, and its pods
-    /// (and those that were on their way to it) take the room planned for them.
+    /// The nodes of `plan` are being disrupted: nothing may move onto them any more, and their
+    /// pods (and those that were on their way to them) take the room planned for them.
     pub fn commit(&mut self, plan: Plan) {
-        if let Some(own) = plan.node {
+        for own in plan.nodes {
             self.gone[own] = true;
             self.reserved[own].clear();
         }
@@ -332,14 +368,14 @@ pub fn fits_elsewhere(st: &Inner, node: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
         Container, NodeCondition, NodeSpec, NodeStatus, PodSpec, ResourceRequirements,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-    fn node(name: &str, cpu: &str) -> k8s_openapi::api::core::v1::Node {
+    pub(in super::super) fn node(name: &str, cpu: &str) -> k8s_openapi::api::core::v1::Node {
         k8s_openapi::api::core::v1::Node {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.into()),
@@ -362,7 +398,7 @@ mod tests {
         }
     }
 
-    fn pod(name: &str, cpu: &str, on: Option<&str>) -> Pod {
+    pub(in super::super) fn pod(name: &str, cpu: &str, on: Option<&str>) -> Pod {
         Pod {
             metadata: kube::api::ObjectMeta {
                 name: Some(name.into()),
@@ -385,7 +421,7 @@ mod tests {
         }
     }
 
-    fn state(nodes: &[(&str, &str)], pods: Vec<Pod>) -> Inner {
+    pub(in super::super) fn state(nodes: &[(&str, &str)], pods: Vec<Pod>) -> Inner {
         let mut st = Inner::default();
         for (n, cpu) in nodes {
             st.nodes.insert(n.to_string(), node(n, cpu));

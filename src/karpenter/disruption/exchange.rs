@@ -122,11 +122,10 @@ pub(super) async fn finish<C: Cluster, T: Transport>(
         let live = mine
             .iter()
             .filter(|nc| nc.metadata.deletion_timestamp.is_none());
-        let total = live.clone().count();
-        let draining = mine
-            .iter()
-            .filter(|nc| nc.metadata.deletion_timestamp.is_some() || is_marked(nc))
-            .count() as i64;
+        // S59: core's count; the claims waiting for their replacement are the ones decided
+        // on here, one by one.
+        let usage = budgets::usage(&st, &pool_name);
+        let (total, draining) = (usage.total, usage.disrupting);
         let mut waiting = vec![];
         let mut stale = vec![];
         for nc in live.filter(|nc| !is_marked(nc)) {
@@ -274,7 +273,7 @@ fn cordoned(node: &Node) -> bool {
 
 /// Put the disrupted taint on `node` (a compare-and-swap on the Node as the API has it now).
 /// False when the Node is gone or changed meanwhile.
-async fn cordon<C: Cluster, T: Transport>(
+pub(super) async fn cordon<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     node: &str,
 ) -> Result<bool, KarpenterError> {

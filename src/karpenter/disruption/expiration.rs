@@ -55,6 +55,7 @@ pub(super) async fn expire<C: Cluster, T: Transport>(
         )
         .await;
         ctx.metrics.disruption(Reason::Expired.as_str());
+        ctx.metrics.core.disrupted(Reason::Expired.as_str(), &nc);
         done.push((name, Reason::Expired));
     }
     Ok(done)

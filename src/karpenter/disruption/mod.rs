@@ -11,14 +11,16 @@
 //! One module per concern: [`candidates`] (who could be disrupted, and why), [`blockers`]
 //! (do-not-disrupt, PodDisruptionBudgets), [`consolidation`] (the room on other nodes),
 //! [`volumes`] (where a pod's volumes let it go), [`replacement`] and [`exchange`] (a
-//! replacement node first), [`validation`] (the check just before acting), [`expiration`] and
-//! [`repair`].
+//! replacement node first), [`multinode`] (several nodes at once, S57), [`validation`] (the
+//! check just before acting), [`expiration`] and [`repair`].
 
 mod blockers;
 mod candidates;
 mod consolidation;
 mod exchange;
 mod expiration;
+mod multinode;
+mod observe;
 pub mod repair;
 pub mod replacement;
 mod validation;
@@ -45,6 +47,7 @@ use crate::ssh::Transport;
 pub use blockers::DISRUPTION_BLOCKED;
 pub use consolidation::{Elsewhere, Plan, fits_elsewhere, moving_pods};
 pub use exchange::{REPLACEMENT_TIMED_OUT, REPLACEMENT_TIMEOUT};
+pub use observe::UNCONSOLIDATABLE;
 
 use blockers::Pdbs;
 use candidates::{PoolSettings, PoolView};
@@ -112,10 +115,16 @@ impl Notices {
         due
     }
 
-    /// Forget the NodeClaims that are gone.
+    /// Prefix of a key about a NodePool rather than a NodeClaim.
+    pub const NODEPOOL: &'static str = "nodepool/";
+
+    /// Forget the NodeClaims (and NodePools) that are gone.
     fn prune(&mut self, st: &Inner) {
         self.last
-            .retain(|(claim, _), _| st.nodeclaims.contains_key(claim));
+            .retain(|(key, _), _| match key.strip_prefix(Self::NODEPOOL) {
+                Some(pool) => st.nodepools.contains_key(pool),
+                None => st.nodeclaims.contains_key(key),
+            });
     }
 }
 
@@ -130,6 +139,8 @@ pub struct Disrupter {
 /// that what one pool's disruptions take is seen by the next.
 #[derive(Default)]
 struct Round {
+    /// Candidates per reason, over every pool (`karpenter_voluntary_disruption_eligible_nodes`).
+    eligible: BTreeMap<&'static str, i64>,
     elsewhere: Option<Elsewhere>,
     /// The pods bound to each node (keys), so that a candidate's pods are a look-up.
     bound: Option<HashMap<String, Vec<NsKey>>>,
@@ -184,9 +195,18 @@ impl Disrupter {
         let mut round = Round::default();
         for pool in pools {
             done.extend(
-                self.disrupt_pool(ctx, state, &pool, now, &mut round)
+                self.disrupt_pool(ctx, state, &pool, now, &mut round, cfg)
                     .await?,
             );
+        }
+        for reason in observe::BUDGET_REASONS {
+            ctx.metrics
+                .core
+                .eligible_nodes
+                .get_or_create(&crate::karpenter::metrics::ReasonLabels {
+                    reason: reason.to_lowercase(),
+                })
+                .set(round.eligible.get(reason).copied().unwrap_or(0));
         }
         Ok(done)
     }
@@ -239,6 +259,7 @@ impl Disrupter {
         pool: &NodePool,
         now: Timestamp,
         round: &mut Round,
+        cfg: &KarpenterConfig,
     ) -> Result<Vec<(String, Reason)>, KarpenterError> {
         let class_name = &pool.spec.template.spec.node_class_ref.name;
         let class = ctx.cluster.get::<SSHNodeClass>(None, class_name).await?;
@@ -267,15 +288,54 @@ impl Disrupter {
             self.tell_blocked(ctx, &b.claim, Some(&b.node), b.reason, &b.why)
                 .await;
         }
+        observe::budgets(ctx, &mut self.notices, pool, total, now).await;
+        for c in &candidates {
+            *round
+                .eligible
+                .entry(observe::budget_reason(c.reason))
+                .or_default() += 1;
+        }
         let mut underutilized_done = false;
         // Priced once per round, at the first candidate that could only be replaced.
         let mut replacer: Option<Option<replacement::Replacer>> = None;
-        for c in candidates {
-            let budget_reason = match c.reason {
-                Reason::Expired | Reason::Drifted => "Drifted",
-                Reason::Empty => "Empty",
-                Reason::Underutilized => "Underutilized",
-            };
+        let mut multi_tried = !cfg.multi_node_consolidation;
+        for (i, c) in candidates.iter().enumerate() {
+            // S57: before single-node consolidation, the pool's under-utilised candidates
+            // together (core runs multi-node consolidation before single-node).
+            if c.reason == Reason::Underutilized && !multi_tried {
+                multi_tried = true;
+                let rest: Vec<&candidates::Candidate> = candidates[i..]
+                    .iter()
+                    .filter(|c| c.reason == Reason::Underutilized)
+                    .collect();
+                let left = budgets::allowed(pool, "Underutilized", total, now) - disrupting;
+                let out = multinode::consolidate(
+                    self,
+                    ctx,
+                    state,
+                    pool,
+                    class.as_ref(),
+                    &rest,
+                    &pending,
+                    left,
+                    round,
+                    &mut replacer,
+                )
+                .await?;
+                if out.acted() > 0 {
+                    let decision = if out.replaced > 0 {
+                        "replace"
+                    } else {
+                        "delete"
+                    };
+                    observe::decided(ctx, decision, Reason::Underutilized, "multi");
+                    disrupting += out.acted() as i64;
+                    underutilized_done = true;
+                    done.extend(out.marked);
+                    continue;
+                }
+            }
+            let budget_reason = observe::budget_reason(c.reason);
             if disrupting >= budgets::allowed(pool, budget_reason, total, now) {
                 continue;
             }
@@ -302,12 +362,14 @@ impl Disrupter {
                 // drifted node), or the node stays.
                 let started = match &class {
                     Some(class) => {
-                        exchange::start(ctx, state, pool, class, &c, &moving, &mut replacer).await?
+                        exchange::start(ctx, state, pool, class, c, &moving, &mut replacer).await?
                     }
                     None => exchange::Started::NoRoom,
                 };
                 match started {
                     exchange::Started::Launched => {
+                        let ctype = observe::consolidation_type(c.reason);
+                        observe::decided(ctx, "replace", c.reason, ctype);
                         round.elsewhere(state).forget(&node_name);
                         disrupting += 1;
                         underutilized_done |= c.reason == Reason::Underutilized;
@@ -320,6 +382,12 @@ impl Disrupter {
                     }
                     exchange::Started::Blocked(why) => {
                         self.tell_blocked(ctx, &c.claim, Some(&c.node), c.reason, &why)
+                            .await;
+                    }
+                    exchange::Started::NoRoom if c.reason == Reason::Underutilized => {
+                        // Core's words for a node whose pods need a node of its own.
+                        let why = "Can't replace with a cheaper node";
+                        observe::unconsolidatable(ctx, &mut self.notices, &c.claim, &c.node, why)
                             .await;
                     }
                     exchange::Started::NoRoom | exchange::Started::Changed => {}
@@ -346,6 +414,12 @@ impl Disrupter {
                 continue;
             }
             round.elsewhere(state).commit(plan);
+            observe::decided(
+                ctx,
+                "delete",
+                c.reason,
+                observe::consolidation_type(c.reason),
+            );
             disrupting += 1;
             underutilized_done |= c.reason == Reason::Underutilized;
             done.push((name, c.reason));
@@ -398,5 +472,6 @@ pub(super) async fn mark<C: Cluster, T: Transport>(
     )
     .await;
     ctx.metrics.disruption(reason.as_str());
+    ctx.metrics.core.disrupted(reason.as_str(), claim);
     Ok(true)
 }

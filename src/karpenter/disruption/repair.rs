@@ -146,6 +146,7 @@ pub(super) async fn repair<C: Cluster, T: Transport>(
         );
         events::record(&ctx.cluster, &*nc, EventType::Warning, REPAIR, msg).await;
         ctx.metrics.disruption("Unhealthy");
+        ctx.metrics.core.disrupted("Unhealthy", &nc);
         match ctx.cluster.delete::<NodeClaim>(None, &name, None).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => {}

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::super::KarpenterError;
 use super::super::lifecycle::condition_true;
-use super::super::provisioning::pack::{capacity_with_node, pool_usage, within_limits};
+use super::super::provisioning::pack::{Choice, capacity_with_node, pool_usage, within_limits};
 use super::super::provisioning::{
     NewClaim, PoolOffer, build_claim, claim_name, claim_type, unheld_per_type,
 };
@@ -47,12 +47,16 @@ pub fn replaced_by(nc: &NodeClaim) -> Option<&str> {
     annotation(nc, REPLACED_BY_ANNOTATION)
 }
 
-/// A replacement whose old NodeClaim still exists: it waits for that claim's pods.
+/// A replacement one of whose old NodeClaims still exists: it waits for that claim's pods.
+/// A multi-node consolidation's replacement (S57) names all the claims it replaces,
+/// comma-separated.
 pub fn awaits_pods(st: &Inner, nc: &NodeClaim) -> bool {
-    annotation(nc, REPLACEMENT_FOR_ANNOTATION).is_some_and(|old| {
-        st.nodeclaims
-            .get(old)
-            .is_some_and(|o| replaced_by(o) == nc.metadata.name.as_deref())
+    annotation(nc, REPLACEMENT_FOR_ANNOTATION).is_some_and(|olds| {
+        olds.split(',').any(|old| {
+            st.nodeclaims
+                .get(old.trim())
+                .is_some_and(|o| replaced_by(o) == nc.metadata.name.as_deref())
+        })
     })
 }
 
@@ -160,31 +164,84 @@ impl Replacer {
                 .total_cmp(&b.it.price)
                 .then_with(|| a.it.name.cmp(&b.it.name))
         });
-        choices.into_iter().find_map(|c| {
-            let mut sim = SimNode {
-                labels: c.labels.clone(),
-                taints: self.offer.taints.clone(),
-                allocatable: c.avail.clone(),
-                ..Default::default()
-            };
-            for p in moving {
-                if !sim.fits(p) {
-                    return None;
-                }
-                sim.add(p);
+        choices.into_iter().find_map(|c| self.take_all(c, moving))
+    }
+
+    /// One node of `c` with every pod of `pods` on it, or None when they do not all fit.
+    fn take_all(&self, c: &Choice, pods: &[PodInfo]) -> Option<NewClaim> {
+        let mut sim = SimNode {
+            labels: c.labels.clone(),
+            taints: self.offer.taints.clone(),
+            allocatable: c.avail.clone(),
+            ..Default::default()
+        };
+        for p in pods {
+            if !sim.fits(p) {
+                return None;
             }
-            let mut requests = sim.used.clone();
-            for (k, v) in &c.daemon_overhead {
-                *requests.entry(k.clone()).or_insert(0) += v;
-            }
-            Some(NewClaim {
-                pool: self.offer.pool.clone(),
-                instance_type: c.it.name.clone(),
-                requests,
-                pods: moving.iter().map(PodInfo::key).collect(),
-                ..Default::default()
-            })
+            sim.add(p);
+        }
+        let mut requests = sim.used.clone();
+        for (k, v) in &c.daemon_overhead {
+            *requests.entry(k.clone()).or_insert(0) += v;
+        }
+        Some(NewClaim {
+            pool: self.offer.pool.clone(),
+            instance_type: c.it.name.clone(),
+            requests,
+            pods: pods.iter().map(PodInfo::key).collect(),
+            ..Default::default()
         })
+    }
+
+    /// The price of instance type `ty` in this pool, if it is one of the pool's.
+    pub fn price(&self, ty: &str) -> Option<f64> {
+        self.offer
+            .types
+            .iter()
+            .find(|t| t.name == ty)
+            .map(|t| t.price)
+    }
+
+    /// S57: one node for the pods of several candidates that fit on no other node (`pods`),
+    /// cheaper than the candidates together (`below`, the sum of their prices), as core's
+    /// multi-node consolidation asks of its one replacement. As core's `filterOutSameType`,
+    /// an option of the same type as a candidate (`replaced`) must be cheaper than it too:
+    /// replacing several nodes by one of their own type is deleting the others, which
+    /// reschedules fewer pods. The cheapest option left, with a claimable host, within the
+    /// NodePool's limits.
+    pub fn node_for_many(
+        &self,
+        pods: &[PodInfo],
+        below: f64,
+        replaced: &[String],
+    ) -> Option<NewClaim> {
+        if pods.is_empty() || pods.iter().any(|p| p.unsupported.is_some()) {
+            return None;
+        }
+        let mut options: Vec<(&Choice, NewClaim)> = self
+            .offer
+            .choices
+            .iter()
+            .filter(|c| c.it.price < below)
+            .filter(|c| c.it.claimable as i64 > self.reserved.get(&c.it.name).copied().unwrap_or(0))
+            .filter(|c| within_limits(&self.offer, Some(&self.usage), &c.it))
+            .filter_map(|c| self.take_all(c, pods).map(|n| (c, n)))
+            .collect();
+        let same_type = options
+            .iter()
+            .filter(|(c, _)| replaced.contains(&c.it.name))
+            .map(|(c, _)| c.it.price)
+            .fold(f64::INFINITY, f64::min);
+        options.retain(|(c, _)| c.it.price < same_type);
+        options
+            .into_iter()
+            .min_by(|(a, _), (b, _)| {
+                a.it.price
+                    .total_cmp(&b.it.price)
+                    .then_with(|| a.it.name.cmp(&b.it.name))
+            })
+            .map(|(_, n)| n)
     }
 }
 
@@ -198,55 +255,84 @@ pub async fn launch<C: Cluster, T: Transport>(
     new: &NewClaim,
     why: &str,
 ) -> Result<Option<String>, KarpenterError> {
-    let old_name = old.metadata.name.clone().unwrap_or_default();
+    let (name, kept) = launch_for(ctx, state, pool, &[old], new, why).await?;
+    Ok(name.filter(|_| !kept.is_empty()))
+}
+
+/// Launch `new` as the replacement of every claim of `olds` (S57: one node for several) and
+/// record the exchange on each. Returns the replacement's name (None when no old claim took
+/// it: then it is deleted again) and the old claims that were marked; one that changed
+/// meanwhile is left out, and its node is the caller's to un-cordon.
+pub async fn launch_for<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    state: &ClusterState,
+    pool: &NodePool,
+    olds: &[&NodeClaim],
+    new: &NewClaim,
+    why: &str,
+) -> Result<(Option<String>, Vec<String>), KarpenterError> {
+    let old_names: Vec<String> = olds
+        .iter()
+        .map(|o| o.metadata.name.clone().unwrap_or_default())
+        .collect();
     let pool_name = pool.metadata.name.clone().unwrap_or_default();
     let mut claim = build_claim(pool, &claim_name(ctx, &pool_name), new);
     claim
         .metadata
         .annotations
         .get_or_insert_with(Default::default)
-        .insert(REPLACEMENT_FOR_ANNOTATION.into(), old_name.clone());
+        .insert(REPLACEMENT_FOR_ANNOTATION.into(), old_names.join(","));
     let created = ctx.cluster.create(&claim).await?;
     let name = created.metadata.name.clone().unwrap_or_default();
-    state.observe_claim(created);
-    let patch = json!({"metadata": {
-        "resourceVersion": old.metadata.resource_version,
-        "annotations": {REPLACED_BY_ANNOTATION: name, REPLACEMENT_REASON_ANNOTATION: why},
-    }});
-    match ctx
-        .cluster
-        .patch::<NodeClaim>(None, &old_name, &patch)
-        .await
-    {
-        // Seen at once, so that no later round takes the old claim's cordon for a stale one.
-        Ok(nc) => state.observe_claim(nc),
-        Err(e) if e.is_conflict() || e.is_not_found() => {
-            // The old claim moved on; the replacement is not needed.
-            ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
-            return Ok(None);
+    state.observe_claim(created.clone());
+    ctx.metrics.core.created(&why.to_lowercase(), &pool_name);
+    let mut kept = vec![];
+    for (old, old_name) in olds.iter().zip(&old_names) {
+        let patch = json!({"metadata": {
+            "resourceVersion": old.metadata.resource_version,
+            "annotations": {REPLACED_BY_ANNOTATION: name, REPLACEMENT_REASON_ANNOTATION: why},
+        }});
+        match ctx.cluster.patch::<NodeClaim>(None, old_name, &patch).await {
+            // Seen at once, so that no later round takes the old claim's cordon for a stale one.
+            Ok(nc) => {
+                state.observe_claim(nc);
+                kept.push(old_name.clone());
+            }
+            // The old claim moved on; the replacement is not needed for it.
+            Err(e) if e.is_conflict() || e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => return Err(e.into()),
+    }
+    if kept.is_empty() {
+        ctx.cluster.delete::<NodeClaim>(None, &name, None).await?;
+        return Ok((None, kept));
     }
     let because = if why == "Underutilized" {
         "a cheaper instance type takes them all".to_string()
     } else {
         format!("it is {}", why.to_lowercase())
     };
-    let msg = format!(
-        "launching replacement NodeClaim {name} ({}) for the {} pod(s) of NodeClaim {old_name}: \
-         {because}",
-        new.instance_type,
-        new.pods.len()
-    );
-    events::record(
-        &ctx.cluster,
-        old,
-        EventType::Normal,
-        "DisruptionLaunching",
-        msg,
-    )
-    .await;
-    Ok(Some(name))
+    for (old, old_name) in olds.iter().zip(&old_names) {
+        if !kept.contains(old_name) {
+            continue;
+        }
+        let msg = format!(
+            "launching replacement NodeClaim {name} ({}) for the {} pod(s) of NodeClaim \
+             {}: {because}",
+            new.instance_type,
+            new.pods.len(),
+            kept.join(", ")
+        );
+        events::record(
+            &ctx.cluster,
+            *old,
+            EventType::Normal,
+            "DisruptionLaunching",
+            msg,
+        )
+        .await;
+    }
+    Ok((Some(name), kept))
 }
 
 /// Drop the `replaced-by` mark of a claim whose exchange is off (its Node must be un-cordoned

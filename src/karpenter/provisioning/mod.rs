@@ -2,6 +2,7 @@
 //! the cheapest fitting host classes of the NodePools that can take them.
 
 pub mod batch;
+pub mod nominate;
 pub mod pack;
 pub mod solve;
 pub mod volumes;
@@ -66,6 +67,8 @@ pub struct Provisioner<C: Cluster, T: Transport> {
     /// The NodeClaim each pending pod was last planned onto (pods no longer pending are
     /// dropped each round).
     planned: BTreeMap<(String, String), String>,
+    /// S59: core's Nominated events.
+    nominator: nominate::Nominator,
 }
 
 const POLL: Duration = Duration::from_millis(100);
@@ -79,6 +82,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             told: BTreeSet::new(),
             volumes: volumes::VolumeTopology::default(),
             planned: BTreeMap::new(),
+            nominator: nominate::Nominator::default(),
         }
     }
 
@@ -367,6 +371,18 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                         msg,
                     )
                     .await;
+                    self.ctx.metrics.core.created("provisioned", &pool_name);
+                    let state = self.state.clone();
+                    let uid_of = |k: &(String, String)| {
+                        state
+                            .read()
+                            .pods
+                            .get(k)
+                            .and_then(|p| p.metadata.uid.clone())
+                    };
+                    self.nominator
+                        .nominate(&self.ctx, &name, &claim.pods, uid_of)
+                        .await;
                     return Ok(name);
                 }
                 Err(crate::k8s::ClusterError::AlreadyExists { .. }) => continue,

@@ -72,41 +72,10 @@ pub fn is_drained(nc: &NodeClaim) -> bool {
         .is_some_and(|a| a.contains_key(DRAINED_ANNOTATION))
 }
 
-/// Go-style duration (`"30s"`, `"1h30m"`, `"720h"`); `None` for `Never` or garbage.
+/// A Karpenter duration field (`"30s"`, `"1h30m"`, `"720h"`, Go's grammar); `None` for
+/// `Never` or garbage.
 pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    if s.is_empty() || s == "Never" {
-        return None;
-    }
-    let mut total = 0f64;
-    let mut num = String::new();
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c.is_ascii_digit() || c == '.' {
-            num.push(c);
-            continue;
-        }
-        let mut unit = c.to_string();
-        if c == 'm' && chars.peek() == Some(&'s') {
-            unit.push('s');
-            chars.next();
-        }
-        let n: f64 = num.parse().ok()?;
-        num.clear();
-        total += n * match unit.as_str() {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            _ => return None,
-        };
-    }
-    if !num.is_empty() {
-        return None;
-    }
-    // Too large for a Duration (as Go's ParseDuration, an error rather than a panic: found by
-    // tests/parsers.rs, #23).
-    Duration::try_from_secs_f64(total).ok()
+    crate::api::duration::karpenter(s)
 }
 
 /// `karpenter.sh/disrupted:NoSchedule`.

@@ -879,8 +879,8 @@ mod tests {
     mod props {
         use super::*;
         use proptest::prelude::*;
-        use ssh_key::private::{Ed25519Keypair, KeypairData};
-        use ssh_key::{HashAlg, LineEnding, PrivateKey};
+        use russh::keys::ssh_key::private::{Ed25519Keypair, KeypairData};
+        use russh::keys::ssh_key::{HashAlg, LineEnding, PrivateKey};
 
         fn phase() -> impl Strategy<Value = Phase> {
             prop::sample::select(Phase::ALL.to_vec())

@@ -12,7 +12,7 @@
 //! `ssh-keygen -Y verify` requires by default). Certificates, DSA and unknown key types are
 //! refused.
 
-use ssh_key::{Algorithm, HashAlg, PublicKey, SshSig, public::KeyData};
+use russh::keys::ssh_key::{Algorithm, HashAlg, PublicKey, SshSig, public::KeyData};
 
 /// The SSHSIG namespace every kpssh signature must use.
 pub const NAMESPACE: &str = "kpssh";
@@ -245,7 +245,8 @@ impl TrustedSigners {
             }
         }
         key.verify(NAMESPACE, message, &sig).map_err(|e| match e {
-            ssh_key::Error::AlgorithmUnknown | ssh_key::Error::AlgorithmUnsupported { .. } => {
+            russh::keys::ssh_key::Error::AlgorithmUnknown
+            | russh::keys::ssh_key::Error::AlgorithmUnsupported { .. } => {
                 SigError::UnsupportedAlgorithm(sig.algorithm().to_string())
             }
             _ => SigError::BadSignature,
@@ -281,8 +282,8 @@ pub fn allowed_signers_line(public_key_line: &str) -> Result<String, SigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ssh_key::private::{Ed25519Keypair, KeypairData};
-    use ssh_key::{LineEnding, PrivateKey, Signature, public::SkEd25519};
+    use russh::keys::ssh_key::private::{Ed25519Keypair, KeypairData};
+    use russh::keys::ssh_key::{LineEnding, PrivateKey, Signature, public::SkEd25519};
 
     fn ed25519(seed: u8) -> PrivateKey {
         let kp = Ed25519Keypair::from_seed(&[seed; 32]);

@@ -15,6 +15,9 @@ pub(super) struct Checks {
     pub(super) reported: BTreeSet<(String, String)>,
     pub(super) zombie_since: BTreeMap<String, Duration>,
     pub(super) disturbed: BTreeMap<String, Duration>,
+    /// The last check at which every leave slot was taken (hosts' leaves running, as many as
+    /// `maxConcurrentPhases`): a zombie's leave queued then could not start.
+    pub(super) leave_slots_full: Option<Duration>,
     pub(super) token_owed: BTreeMap<String, Duration>,
     pub(super) secrets: HashSet<String>,
 }
@@ -97,6 +100,13 @@ impl Runner<'_> {
         // zombie-lifetime: a kubelet on a host nobody holds is gone within 2 probe intervals.
         // Only hosts with a kubelet running on a clean link can be zombies; the others just
         // end any zombie episode they had.
+        // Leave slots are the controller's bound on concurrent leaves: while all are held
+        // (hung leaves hold theirs until the phase timeout: seed 1330), a zombie's leave
+        // waits for one, and its clock restarts once one is free.
+        if self.world.transport.leaves_running() >= self.sc.controller.max_concurrent_phases {
+            self.checks.leave_slots_full = Some(now);
+        }
+        let slots_full = self.checks.leave_slots_full.unwrap_or_default();
         let infos = &self.infos;
         // The transport numbers hosts in the order they were added, which is `infos` order
         // (the address comparison keeps that honest without a lookup per host).
@@ -130,7 +140,8 @@ impl Runner<'_> {
                 .checks
                 .disturbed
                 .get(name)
-                .map_or(since, |d| (*d).max(since));
+                .map_or(since, |d| (*d).max(since))
+                .max(slots_full);
             if now.saturating_sub(from) > 2 * probe + slack {
                 let h = self.mirror.hosts.get(name);
                 self.checks.violate(

@@ -10,13 +10,14 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::Runner;
 use crate::k8s::Cluster;
 use crate::karpenter::lifecycle::node_ready;
 use crate::karpenter::pods;
+use crate::sim::kubelet::set_ready;
 use crate::sim::world::POD_NAMESPACE;
 
 /// kube-controller-manager's `--node-monitor-grace-period`.
@@ -120,31 +121,5 @@ impl Runner<'_> {
             }
         }
         self.suspend(false);
-    }
-}
-
-/// Set the Node's Ready condition to `status` (transition at `at`).
-fn set_ready(node: &mut Node, status: &str, at: Time) {
-    let (reason, message) = if status == "True" {
-        ("KubeletReady", "kubelet is posting ready status")
-    } else {
-        ("NodeStatusUnknown", "Kubelet stopped posting node status.")
-    };
-    let cond = NodeCondition {
-        type_: "Ready".into(),
-        status: status.into(),
-        reason: Some(reason.into()),
-        message: Some(message.into()),
-        last_transition_time: Some(at.clone()),
-        last_heartbeat_time: Some(at),
-    };
-    let conditions = node
-        .status
-        .get_or_insert_with(Default::default)
-        .conditions
-        .get_or_insert_with(Vec::new);
-    match conditions.iter_mut().find(|c| c.type_ == "Ready") {
-        Some(c) => *c = cond,
-        None => conditions.push(cond),
     }
 }

@@ -119,6 +119,10 @@ impl Runner<'_> {
                 WatchEvent::Deleted(c) => {
                     let n = name_of(&c.metadata);
                     items.push((rv_of(&c.metadata), ApiLine::Gone("NodeClaim", n.clone())));
+                    // A later claim may take the name again (provisioning's names repeat
+                    // after a controller restart): its clock starts at its own creation
+                    // (seed 1057: claim-launched-in-time timed a new claim from the first's).
+                    self.created.remove(&n);
                     self.mirror.remove_claim(&n);
                     self.claim_moved(&c, &mut moved);
                 }
