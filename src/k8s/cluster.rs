@@ -16,7 +16,7 @@ use super::ClusterError;
 
 /// Any Kubernetes object kind with a static type (CRDs from `crate::api`, k8s-openapi kinds).
 pub trait Object:
-    kube::Resource<DynamicType = ()>
+    kube::Resource<DynamicType = (), Scope: super::kube_cluster::ScopedApi<Self>>
     + Clone
     + Serialize
     + DeserializeOwned
@@ -28,7 +28,7 @@ pub trait Object:
 }
 
 impl<T> Object for T where
-    T: kube::Resource<DynamicType = ()>
+    T: kube::Resource<DynamicType = (), Scope: super::kube_cluster::ScopedApi<T>>
         + Clone
         + Serialize
         + DeserializeOwned

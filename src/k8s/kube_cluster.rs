@@ -1,20 +1,20 @@
 //! `Cluster` over kube-rs, against a real API server.
 //!
 //! Built on kube's raw `Request` builder so that one generic code path serves every kind,
-//! namespaced or not; the watch is a list-then-watch loop that re-lists on `410 Gone`.
+//! namespaced or not; the watch is kube's runtime watcher.
 
 use std::time::Duration;
 
 use either::Either;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
-use kube::Client;
-use kube::api::{
-    DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchParams,
-};
-use kube::core::{ObjectList, Request, Selector, WatchEvent as RawWatchEvent};
+use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::core::{ObjectList, Request, Selector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -368,8 +368,10 @@ fn post_params() -> PostParams {
     }
 }
 
-/// List, then watch from the list's resourceVersion; re-list after `410 Gone` or a broken
-/// stream. Ends when the receiver is dropped.
+/// kube's runtime watcher (paged list, then watch from its resourceVersion with bookmarks;
+/// re-list on `410 Gone`; its default backoff between failures), folded into the `Cluster`
+/// contract: the listed set as one `Restarted`, then every change. Ends when the receiver is
+/// dropped.
 async fn watch_loop<K: Object>(
     client: Client,
     ns: Option<String>,
@@ -377,86 +379,67 @@ async fn watch_loop<K: Object>(
 ) {
     let kind = kind_of::<K>();
     let key = ns.clone().unwrap_or_else(|| "*".into());
-    let mut backoff = Duration::from_millis(200);
-    'relist: loop {
-        if tx.is_closed() {
-            return;
-        }
-        let listed = async {
-            let req = request_for::<K>(ns.as_deref())
-                .list(&ListParams::default())
-                .map_err(|e| invalid(&kind, &key, e.to_string()))?;
-            tokio::time::timeout(CALL_TIMEOUT, client.request::<ObjectList<K>>(req))
-                .await
-                .map_err(|_| transient(&kind, &key, "list timed out"))?
-                .map_err(|e| map_error(&kind, &key, e))
-        }
-        .await;
-        let list = match listed {
-            Ok(l) => l,
-            Err(e) => {
-                if tx.send(Err(e)).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+    let api = <K::Scope as ScopedApi<K>>::api(client, ns.as_deref());
+    let config = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    let events = watcher::watcher(api, config).default_backoff();
+    futures::pin_mut!(events);
+    let mut listing: Option<Vec<K>> = None;
+    while let Some(event) = events.next().await {
+        let out = match event {
+            Ok(watcher::Event::Init) => {
+                listing = Some(Vec::new());
                 continue;
             }
+            Ok(watcher::Event::InitApply(o)) => {
+                listing.get_or_insert_with(Vec::new).push(o);
+                continue;
+            }
+            Ok(watcher::Event::InitDone) => {
+                Ok(WatchEvent::Restarted(listing.take().unwrap_or_default()))
+            }
+            Ok(watcher::Event::Apply(o)) => Ok(WatchEvent::Applied(o)),
+            Ok(watcher::Event::Delete(o)) => Ok(WatchEvent::Deleted(o)),
+            Err(e) => Err(watch_error(&kind, &key, e)),
         };
-        let mut rv = list.metadata.resource_version.clone().unwrap_or_default();
-        if tx
-            .send(Ok(WatchEvent::Restarted(list.items)))
-            .await
-            .is_err()
-        {
+        if tx.send(out).await.is_err() {
             return;
         }
-        loop {
-            let wp = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
-            let Ok(req) = request_for::<K>(ns.as_deref()).watch(&wp, &rv) else {
-                tokio::time::sleep(backoff).await;
-                continue 'relist;
-            };
-            let stream = match client.request_events::<K>(req).await {
-                Ok(s) => s,
-                Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    continue 'relist;
-                }
-            };
-            futures::pin_mut!(stream);
-            loop {
-                let next = stream.try_next().await;
-                let event = match next {
-                    Ok(Some(e)) => e,
-                    // The server closed the watch at its timeout: resume from rv.
-                    Ok(None) => break,
-                    Err(_) => {
-                        tokio::time::sleep(backoff).await;
-                        continue 'relist;
-                    }
-                };
-                backoff = Duration::from_millis(200);
-                let out = match event {
-                    RawWatchEvent::Added(o) | RawWatchEvent::Modified(o) => {
-                        rv = o.meta().resource_version.clone().unwrap_or(rv);
-                        WatchEvent::Applied(o)
-                    }
-                    RawWatchEvent::Deleted(o) => {
-                        rv = o.meta().resource_version.clone().unwrap_or(rv);
-                        WatchEvent::Deleted(o)
-                    }
-                    RawWatchEvent::Bookmark(b) => {
-                        rv = b.metadata.resource_version;
-                        continue;
-                    }
-                    // 410 Gone and friends: the rv is too old, start over with a list.
-                    RawWatchEvent::Error(_) => continue 'relist,
-                };
-                if tx.send(Ok(out)).await.is_err() {
-                    return;
-                }
-            }
+    }
+}
+
+fn watch_error(kind: &str, key: &str, err: watcher::Error) -> ClusterError {
+    match err {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => map_error(kind, key, e),
+        other => transient(kind, key, &other.to_string()),
+    }
+}
+
+/// The `Api` of a kind, namespaced or not, by its scope: kube builds a namespaced `Api` only
+/// for a kind whose scope says so at compile time, while the `Cluster` contract is one generic
+/// `watch(ns)` for both.
+pub trait ScopedApi<K> {
+    fn api(client: Client, ns: Option<&str>) -> Api<K>;
+}
+
+impl<K> ScopedApi<K> for NamespaceResourceScope
+where
+    K: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+{
+    fn api(client: Client, ns: Option<&str>) -> Api<K> {
+        match ns {
+            Some(ns) => Api::namespaced(client, ns),
+            None => Api::all(client),
         }
+    }
+}
+
+impl<K> ScopedApi<K> for ClusterResourceScope
+where
+    K: kube::Resource<DynamicType = (), Scope = ClusterResourceScope>,
+{
+    fn api(client: Client, _ns: Option<&str>) -> Api<K> {
+        Api::all(client)
     }
 }
