@@ -1,5 +1,9 @@
 //! How to reach a host: its spec plus the key Secret, turned into a transport target.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use thiserror::Error;
 
@@ -47,6 +51,36 @@ pub async fn host_target<C: Cluster>(
     ns: &str,
     host: &SSHHost,
 ) -> Result<HostTarget, TargetError> {
+    build_target(cluster, None, ns, host).await
+}
+
+/// [`host_target`], with the key Secrets taken from `keys` while they are younger than
+/// `max_age` (and read into it otherwise).
+pub async fn cached_host_target<C: Cluster>(
+    cluster: &C,
+    keys: &KeyCache,
+    max_age: Duration,
+    ns: &str,
+    host: &SSHHost,
+) -> Result<HostTarget, TargetError> {
+    build_target(cluster, Some((keys, max_age)), ns, host).await
+}
+
+async fn build_target<C: Cluster>(
+    cluster: &C,
+    keys: Option<(&KeyCache, Duration)>,
+    ns: &str,
+    host: &SSHHost,
+) -> Result<HostTarget, TargetError> {
+    let read_key = |secret_ref: &SecretRef| {
+        let secret_ref = secret_ref.clone();
+        async move {
+            match keys {
+                Some((cache, max_age)) => cache.read(cluster, ns, &secret_ref, max_age).await,
+                None => read_key(cluster, ns, &secret_ref).await,
+            }
+        }
+    };
     let name = host.metadata.name.clone().unwrap_or_default();
     let id = format!("{ns}/{name}");
     // The CRD refuses such addresses too; an object admitted before that rule is refused here.
@@ -54,7 +88,7 @@ pub async fn host_target<C: Cluster>(
     if let Some(jump) = &host.spec.proxy_jump {
         check_address(&id, "spec.proxyJump.address", &jump.address)?;
     }
-    let (key, known_host) = read_key(cluster, ns, &host.spec.ssh_key_secret_ref).await?;
+    let (key, known_host) = read_key(&host.spec.ssh_key_secret_ref).await?;
     let fingerprint = host
         .status
         .as_ref()
@@ -69,7 +103,7 @@ pub async fn host_target<C: Cluster>(
         jump: None,
     };
     if let Some(jump) = &host.spec.proxy_jump {
-        let (key, known_host) = read_key(cluster, ns, &jump.ssh_key_secret_ref).await?;
+        let (key, known_host) = read_key(&jump.ssh_key_secret_ref).await?;
         let mut bastion = HostTarget {
             host: format!("{id} (bastion {})", jump.address),
             address: jump.address.clone(),
@@ -141,6 +175,82 @@ async fn read_key<C: Cluster>(
             name: secret_ref.name.clone(),
         })?;
     Ok((Secret::new(key), field(KNOWN_HOST)))
+}
+
+/// Key Secrets as last read, shared by every host actor of a controller. A pool usually names
+/// one key Secret for all its hosts: read per host, every target refresh of ten thousand hosts
+/// was ten thousand GETs of the same object (4 per host-hour at a 15-minute refresh, and one
+/// more after each host's first probe pinned its key). The supervisor's Secret watch forgets an
+/// entry when its Secret changes; `max_age` bounds what a missed watch event can cost.
+#[derive(Clone, Default)]
+pub struct KeyCache {
+    inner: Arc<Mutex<KeyCacheState>>,
+}
+
+#[derive(Default)]
+struct KeyCacheState {
+    keys: HashMap<(String, String), CachedKey>,
+    /// Bumped by every forget: a read that started before one does not store what it read
+    /// (it may be the Secret's old version).
+    epoch: u64,
+}
+
+struct CachedKey {
+    key: Secret,
+    known_host: Option<String>,
+    read: tokio::time::Instant,
+}
+
+impl KeyCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeyCacheState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The Secrets `names` of `ns` changed: read them again at their next use.
+    pub fn forget<'a>(&self, ns: &str, names: impl IntoIterator<Item = &'a str>) {
+        let mut st = self.lock();
+        st.epoch += 1;
+        for n in names {
+            st.keys.remove(&(ns.to_string(), n.to_string()));
+        }
+    }
+
+    /// Forget every Secret (after a relist: what changed meanwhile is unknown).
+    pub fn forget_all(&self) {
+        let mut st = self.lock();
+        st.epoch += 1;
+        st.keys.clear();
+    }
+
+    async fn read<C: Cluster>(
+        &self,
+        cluster: &C,
+        ns: &str,
+        secret_ref: &SecretRef,
+        max_age: Duration,
+    ) -> Result<(Secret, Option<String>), TargetError> {
+        let id = (ns.to_string(), secret_ref.name.clone());
+        let epoch = {
+            let st = self.lock();
+            if let Some(k) = st.keys.get(&id).filter(|k| k.read.elapsed() < max_age) {
+                return Ok((k.key.clone(), k.known_host.clone()));
+            }
+            st.epoch
+        };
+        let (key, known_host) = read_key(cluster, ns, secret_ref).await?;
+        let mut st = self.lock();
+        if st.epoch == epoch {
+            st.keys.insert(
+                id,
+                CachedKey {
+                    key: key.clone(),
+                    known_host: known_host.clone(),
+                    read: tokio::time::Instant::now(),
+                },
+            );
+        }
+        Ok((key, known_host))
+    }
 }
 
 /// A target and what it was built from. Shared: a steady probe hands the transport the
