@@ -109,7 +109,13 @@ struct Children {
 }
 
 impl Children {
-    fn spawn(&self, who: &'static str, kubeconfig: &std::path::Path, n: usize, log: &std::path::Path) -> Child {
+    fn spawn(
+        &self,
+        who: &'static str,
+        kubeconfig: &std::path::Path,
+        n: usize,
+        log: &std::path::Path,
+    ) -> Child {
         let exe = std::env::current_exe().expect("current exe");
         let mut cmd = Command::new(exe);
         cmd.arg("--bench")
@@ -331,7 +337,12 @@ async fn run(n: usize, m: usize) {
     std::fs::create_dir_all(&dir).expect("target/bench");
     let load_cold = loadavg();
     let spawned_a = now_ms();
-    let mut a = kids.spawn("a", cp.kubeconfig_path(), n, &dir.join("apiserver_scale-a.log"));
+    let mut a = kids.spawn(
+        "a",
+        cp.kubeconfig_path(),
+        n,
+        &dir.join("apiserver_scale-a.log"),
+    );
     let a_leader = kids.wait("a", "leader", LIMIT).await;
     let a_started = kids.wait("a", "started", LIMIT).await;
     let a_first = kids.wait("a", "first-probe", LIMIT).await;
@@ -346,7 +357,12 @@ async fn run(n: usize, m: usize) {
     );
     let a_pid = a.id();
     let cold_rss = ProcSample::read(a_pid).rss_kib;
-    let mut b = kids.spawn("b", cp.kubeconfig_path(), n, &dir.join("apiserver_scale-b.log"));
+    let mut b = kids.spawn(
+        "b",
+        cp.kubeconfig_path(),
+        n,
+        &dir.join("apiserver_scale-b.log"),
+    );
     kids.wait("b", "standby", LIMIT).await;
 
     // The steady NodeClaims: claimed, launched, their Nodes registered and initialized.
@@ -448,20 +464,67 @@ async fn run(n: usize, m: usize) {
     let figures = vec![
         ("hosts", n.to_string()),
         ("steady NodeClaims (initialized)", format!("{m} ({ready})")),
-        ("cold start to all hosts probed (s)", format!("{:.1}", secs(cold))),
-        ("claims created to initialized (s)", format!("{:.1}", secs(claims_ready))),
-        ("leader RSS after cold start (MiB)", format!("{:.0}", cold_rss as f64 / 1024.0)),
-        ("leader RSS steady mean / max (MiB)", format!("{rss_mean:.0} / {rss_max:.0}")),
-        ("leader RSS peak, VmHWM (MiB)", format!("{:.0}", a1.hwm_kib as f64 / 1024.0)),
-        ("leader CPU steady (% of one core)", format!("{:.1}", cpu * 100.0)),
-        ("kube-apiserver CPU / RSS", format!("{:.1}% / {:.0} MiB", api1.cpu_secs(&api0) / elapsed.as_secs_f64() * 100.0, api1.rss_kib as f64 / 1024.0)),
-        ("etcd CPU / RSS", format!("{:.1}% / {:.0} MiB", etcd1.cpu_secs(&etcd0) / elapsed.as_secs_f64() * 100.0, etcd1.rss_kib as f64 / 1024.0)),
+        (
+            "cold start to all hosts probed (s)",
+            format!("{:.1}", secs(cold)),
+        ),
+        (
+            "claims created to initialized (s)",
+            format!("{:.1}", secs(claims_ready)),
+        ),
+        (
+            "leader RSS after cold start (MiB)",
+            format!("{:.0}", cold_rss as f64 / 1024.0),
+        ),
+        (
+            "leader RSS steady mean / max (MiB)",
+            format!("{rss_mean:.0} / {rss_max:.0}"),
+        ),
+        (
+            "leader RSS peak, VmHWM (MiB)",
+            format!("{:.0}", a1.hwm_kib as f64 / 1024.0),
+        ),
+        (
+            "leader CPU steady (% of one core)",
+            format!("{:.1}", cpu * 100.0),
+        ),
+        (
+            "kube-apiserver CPU / RSS",
+            format!(
+                "{:.1}% / {:.0} MiB",
+                api1.cpu_secs(&api0) / elapsed.as_secs_f64() * 100.0,
+                api1.rss_kib as f64 / 1024.0
+            ),
+        ),
+        (
+            "etcd CPU / RSS",
+            format!(
+                "{:.1}% / {:.0} MiB",
+                etcd1.cpu_secs(&etcd0) / elapsed.as_secs_f64() * 100.0,
+                etcd1.rss_kib as f64 / 1024.0
+            ),
+        ),
         ("probes per host-hour (window)", format!("{probe_rate:.1}")),
-        ("API requests per host-hour (all)", format!("{:.3}", per_hh(total))),
-        ("API requests per host-hour (less leader election)", format!("{:.3}", per_hh(total - leases))),
-        ("watch requests in the window (restarts)", format!("{watches:.0}")),
-        ("failover: SIGKILL to first probe of the standby (s)", format!("{:.1}", secs(failover))),
-        ("load average: start / cold / window / failover", format!("{load_start} / {load_cold} / {load_w0} → {load_w1} / {load_fail}")),
+        (
+            "API requests per host-hour (all)",
+            format!("{:.3}", per_hh(total)),
+        ),
+        (
+            "API requests per host-hour (less leader election)",
+            format!("{:.3}", per_hh(total - leases)),
+        ),
+        (
+            "watch requests in the window (restarts)",
+            format!("{watches:.0}"),
+        ),
+        (
+            "failover: SIGKILL to first probe of the standby (s)",
+            format!("{:.1}", secs(failover)),
+        ),
+        (
+            "load average: start / cold / window / failover",
+            format!("{load_start} / {load_cold} / {load_w0} → {load_w1} / {load_fail}"),
+        ),
     ];
     report::print_table(
         "apiserver scale",
@@ -472,11 +535,36 @@ async fn run(n: usize, m: usize) {
             .collect::<Vec<_>>(),
     );
     let targets = vec![
-        Target { name: "cold start (s)".into(), measured: cold.as_secs_f64(), bound: 60.0, at_least: false },
-        Target { name: "steady RSS max (MiB)".into(), measured: rss_max, bound: 512.0, at_least: false },
-        Target { name: "steady CPU (% of one core)".into(), measured: cpu * 100.0, bound: 10.0, at_least: false },
-        Target { name: "API requests per host-hour".into(), measured: per_hh(total), bound: 5.0, at_least: false },
-        Target { name: "failover to first probe (s)".into(), measured: failover.as_secs_f64(), bound: 30.0, at_least: false },
+        Target {
+            name: "cold start (s)".into(),
+            measured: cold.as_secs_f64(),
+            bound: 60.0,
+            at_least: false,
+        },
+        Target {
+            name: "steady RSS max (MiB)".into(),
+            measured: rss_max,
+            bound: 512.0,
+            at_least: false,
+        },
+        Target {
+            name: "steady CPU (% of one core)".into(),
+            measured: cpu * 100.0,
+            bound: 10.0,
+            at_least: false,
+        },
+        Target {
+            name: "API requests per host-hour".into(),
+            measured: per_hh(total),
+            bound: 5.0,
+            at_least: false,
+        },
+        Target {
+            name: "failover to first probe (s)".into(),
+            measured: failover.as_secs_f64(),
+            bound: 30.0,
+            at_least: false,
+        },
     ];
     report::print_targets(&targets);
     report::write_json(

@@ -22,7 +22,9 @@ use kpssh::k8s::{Cluster, KubeCluster, MemoryCluster};
 use kpssh::karpenter::{KarpenterConfig, spawn_with};
 use kpssh::sim::world::host_object;
 use kpssh::sim::{SimHost, SimTransport};
-use kpssh::ssh::{CommandOutput, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError};
+use kpssh::ssh::{
+    CommandOutput, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
+};
 
 pub const CHILD_ENV: &str = "KPSSH_SCALE_CHILD";
 
@@ -130,7 +132,13 @@ async fn run(identity: &str) {
         ssh_dials_per_second: super::env_u64("KPSSH_SSH_DIALS_PER_SECOND", 50) as u32,
         ..Config::default()
     };
-    let ctx = Context::new(cluster.clone(), Arc::new(transport), Clock::system(), config, None);
+    let ctx = Context::new(
+        cluster.clone(),
+        Arc::new(transport),
+        Clock::system(),
+        config,
+        None,
+    );
 
     let lease = LeaseConfig::new(super::NS, "kpssh-controller", identity);
     let elector = LeaderElector::new(cluster.clone(), lease, Clock::system()).expect("elector");

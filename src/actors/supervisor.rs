@@ -206,7 +206,10 @@ fn on_secrets<C: Cluster, T: Transport>(
     if relisted {
         state.ctx.keys.forget_all();
     } else {
-        state.ctx.keys.forget(state.ctx.pool_ns(), names.iter().copied());
+        state
+            .ctx
+            .keys
+            .forget(state.ctx.pool_ns(), names.iter().copied());
     }
     for host in state.ctx.hosts.snapshot() {
         let uses = names.contains(host.spec.ssh_key_secret_ref.name.as_str())

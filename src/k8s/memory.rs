@@ -740,10 +740,7 @@ impl Cluster for MemoryCluster {
         if key.kind == "Secret" {
             st.stats.secret_gets += 1;
         }
-        st.objects
-            .get(&key)
-            .map(read::<K>)
-            .transpose()
+        st.objects.get(&key).map(read::<K>).transpose()
     }
 
     async fn list<K: Object>(

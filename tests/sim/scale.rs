@@ -96,9 +96,13 @@ async fn s4_a_steady_fleet_reads_its_shared_key_secret_per_refresh_not_per_host(
     let w = world().await;
     for i in 0..N {
         let addr = format!("10.7.0.{}", i + 1);
-        w.add_host(&format!("k{i:02}"), "small", SimHost::new(&addr, 2, 4_000_000))
-            .await
-            .expect("host");
+        w.add_host(
+            &format!("k{i:02}"),
+            "small",
+            SimHost::new(&addr, 2, 4_000_000),
+        )
+        .await
+        .expect("host");
     }
     let available = || async {
         let hosts: Vec<SSHHost> = w.cluster.list(Some(&w.ns()), None).await.expect("list");
@@ -107,12 +111,18 @@ async fn s4_a_steady_fleet_reads_its_shared_key_secret_per_refresh_not_per_host(
             .filter(|h| h.state() == HostState::Available)
             .count()
     };
-    assert!(w.until(5 * MINUTE, || async { available().await == N }).await);
+    assert!(
+        w.until(5 * MINUTE, || async { available().await == N })
+            .await
+    );
     let cold = w.cluster.stats().secret_gets;
     assert!(cold <= 2, "{cold} Secret reads for {N} hosts' first probes");
     tokio::time::sleep(Duration::from_secs(2 * 3600)).await;
     let steady = w.cluster.stats().secret_gets - cold;
     // One read per 15-minute refresh of the shared cache; the hosts' own refreshes hit it.
-    assert!(steady <= 10, "{steady} Secret reads in 2 h by {N} steady hosts");
+    assert!(
+        steady <= 10,
+        "{steady} Secret reads in 2 h by {N} steady hosts"
+    );
     assert_eq!(available().await, N);
 }
