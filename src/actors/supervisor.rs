@@ -203,6 +203,14 @@ fn on_secrets<C: Cluster, T: Transport>(
     relisted: bool,
 ) {
     let names: std::collections::BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    if relisted {
+        state.ctx.keys.forget_all();
+    } else {
+        state
+            .ctx
+            .keys
+            .forget(state.ctx.pool_ns(), names.iter().copied());
+    }
     for host in state.ctx.hosts.snapshot() {
         let uses = names.contains(host.spec.ssh_key_secret_ref.name.as_str())
             || host

@@ -51,6 +51,8 @@ pub struct WriteStats {
     pub deletes: u64,
     pub conflicts: u64,
     pub lists: u64,
+    /// Reads of single Secrets (`get`): the SSH key reads the API cost of probes includes.
+    pub secret_gets: u64,
     /// Status writes per kind (e.g. `SSHHost`).
     pub status_writes_by_kind: BTreeMap<String, u64>,
 }
@@ -733,11 +735,12 @@ impl Cluster for MemoryCluster {
         ns: Option<&str>,
         name: &str,
     ) -> Result<Option<K>, ClusterError> {
-        let st = self.lock();
-        st.objects
-            .get(&Self::key::<K>(ns, name))
-            .map(read::<K>)
-            .transpose()
+        let key = Self::key::<K>(ns, name);
+        let mut st = self.lock();
+        if key.kind == "Secret" {
+            st.stats.secret_gets += 1;
+        }
+        st.objects.get(&key).map(read::<K>).transpose()
     }
 
     async fn list<K: Object>(

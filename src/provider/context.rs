@@ -36,6 +36,8 @@ pub struct Context<C: Cluster, T: Transport> {
     pub launches: super::launches::LaunchLedger,
     /// Every host actor's next periodic probe.
     pub probe_clock: super::probe_clock::ProbeClock,
+    /// Host key Secrets as last read, shared by the host actors\' probe targets.
+    pub keys: super::key_cache::KeyCache,
     /// The one random source (token values, jitter): seeded, so a simulation run replays.
     rng: Arc<Mutex<ChaCha8Rng>>,
 }
@@ -55,6 +57,7 @@ impl<C: Cluster, T: Transport> Clone for Context<C, T> {
             lifecycles: self.lifecycles.clone(),
             launches: self.launches.clone(),
             probe_clock: self.probe_clock.clone(),
+            keys: self.keys.clone(),
             rng: self.rng.clone(),
         }
     }
@@ -87,6 +90,7 @@ impl<C: Cluster, T: Transport> Context<C, T> {
             lifecycles: Default::default(),
             launches: Default::default(),
             probe_clock: Default::default(),
+            keys: Default::default(),
             rng: Arc::new(Mutex::new(rng)),
         }
     }

@@ -20,6 +20,7 @@ pub mod config;
 pub mod context;
 pub mod drift;
 pub mod instance_types;
+pub mod key_cache;
 pub mod launches;
 pub mod limits;
 pub mod metrics;

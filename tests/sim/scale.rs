@@ -85,3 +85,44 @@ async fn s15_burst_of_1000_claims_on_1000_hosts_and_steady_state_cost() {
     );
     assert!(ratio <= 0.02, "conflicts {ratio}");
 }
+
+/// S4 at fleet scale, the API reads: the hosts of a pool share one key Secret, so a steady
+/// fleet reads it once per target refresh (15 minutes), not once per host per refresh and
+/// again after each host's first probe pins its key (it was 4 to 5 GETs per host-hour, 30 at
+/// the real API server's 2-minute probe interval in the hour after a cold start: issue #26).
+#[tokio::test(start_paused = true)]
+async fn s4_a_steady_fleet_reads_its_shared_key_secret_per_refresh_not_per_host() {
+    const N: usize = 50;
+    let w = world().await;
+    for i in 0..N {
+        let addr = format!("10.7.0.{}", i + 1);
+        w.add_host(
+            &format!("k{i:02}"),
+            "small",
+            SimHost::new(&addr, 2, 4_000_000),
+        )
+        .await
+        .expect("host");
+    }
+    let available = || async {
+        let hosts: Vec<SSHHost> = w.cluster.list(Some(&w.ns()), None).await.expect("list");
+        hosts
+            .iter()
+            .filter(|h| h.state() == HostState::Available)
+            .count()
+    };
+    assert!(
+        w.until(5 * MINUTE, || async { available().await == N })
+            .await
+    );
+    let cold = w.cluster.stats().secret_gets;
+    assert!(cold <= 2, "{cold} Secret reads for {N} hosts' first probes");
+    tokio::time::sleep(Duration::from_secs(2 * 3600)).await;
+    let steady = w.cluster.stats().secret_gets - cold;
+    // One read per 15-minute refresh of the shared cache; the hosts' own refreshes hit it.
+    assert!(
+        steady <= 10,
+        "{steady} Secret reads in 2 h by {N} steady hosts"
+    );
+    assert_eq!(available().await, N);
+}

@@ -149,7 +149,9 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
         {
             return Ok(t.target.clone());
         }
-        let built = target::host_target(&self.ctx.cluster, &ns, &self.host).await?;
+        let built =
+            target::cached_host_target(&self.ctx.cluster, &self.ctx.keys, refresh, &ns, &self.host)
+                .await?;
         let cached = target::CachedTarget::new(&self.host, built);
         let shared = cached.target.clone();
         self.target = Some(cached);

@@ -1,5 +1,7 @@
 //! How to reach a host: its spec plus the key Secret, turned into a transport target.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use thiserror::Error;
 
@@ -7,6 +9,7 @@ use crate::api::SSHHost;
 use crate::api::host::SecretRef;
 use crate::api::host::{PinnedHostKey, valid_address};
 use crate::k8s::{Cluster, ClusterError};
+use crate::provider::key_cache::KeyCache;
 use crate::secret::Secret;
 use crate::ssh::{HostKeyPin, HostTarget, JumpKey};
 
@@ -47,6 +50,38 @@ pub async fn host_target<C: Cluster>(
     ns: &str,
     host: &SSHHost,
 ) -> Result<HostTarget, TargetError> {
+    build_target(cluster, None, ns, host).await
+}
+
+/// [`host_target`], with the key Secrets taken from `keys` while they are younger than
+/// `max_age` (and read into it otherwise).
+pub async fn cached_host_target<C: Cluster>(
+    cluster: &C,
+    keys: &KeyCache,
+    max_age: Duration,
+    ns: &str,
+    host: &SSHHost,
+) -> Result<HostTarget, TargetError> {
+    build_target(cluster, Some((keys, max_age)), ns, host).await
+}
+
+async fn build_target<C: Cluster>(
+    cluster: &C,
+    keys: Option<(&KeyCache, Duration)>,
+    ns: &str,
+    host: &SSHHost,
+) -> Result<HostTarget, TargetError> {
+    let read_key = |secret_ref: &SecretRef| {
+        let secret_ref = secret_ref.clone();
+        async move {
+            match keys {
+                Some((cache, max_age)) => {
+                    read_cached(cache, cluster, ns, &secret_ref, max_age).await
+                }
+                None => read_key(cluster, ns, &secret_ref).await,
+            }
+        }
+    };
     let name = host.metadata.name.clone().unwrap_or_default();
     let id = format!("{ns}/{name}");
     // The CRD refuses such addresses too; an object admitted before that rule is refused here.
@@ -54,7 +89,7 @@ pub async fn host_target<C: Cluster>(
     if let Some(jump) = &host.spec.proxy_jump {
         check_address(&id, "spec.proxyJump.address", &jump.address)?;
     }
-    let (key, known_host) = read_key(cluster, ns, &host.spec.ssh_key_secret_ref).await?;
+    let (key, known_host) = read_key(&host.spec.ssh_key_secret_ref).await?;
     let fingerprint = host
         .status
         .as_ref()
@@ -69,7 +104,7 @@ pub async fn host_target<C: Cluster>(
         jump: None,
     };
     if let Some(jump) = &host.spec.proxy_jump {
-        let (key, known_host) = read_key(cluster, ns, &jump.ssh_key_secret_ref).await?;
+        let (key, known_host) = read_key(&jump.ssh_key_secret_ref).await?;
         let mut bastion = HostTarget {
             host: format!("{id} (bastion {})", jump.address),
             address: jump.address.clone(),
@@ -141,6 +176,24 @@ async fn read_key<C: Cluster>(
             name: secret_ref.name.clone(),
         })?;
     Ok((Secret::new(key), field(KNOWN_HOST)))
+}
+
+/// The key Secret `secret_ref` of `ns` from `cache` while younger than `max_age`, else read
+/// and stored (unless a forget came meanwhile: what was read may be the old version).
+async fn read_cached<C: Cluster>(
+    cache: &KeyCache,
+    cluster: &C,
+    ns: &str,
+    secret_ref: &SecretRef,
+    max_age: Duration,
+) -> Result<(Secret, Option<String>), TargetError> {
+    let epoch = match cache.lookup(ns, &secret_ref.name, max_age) {
+        Ok(hit) => return Ok(hit),
+        Err(epoch) => epoch,
+    };
+    let (key, known_host) = read_key(cluster, ns, secret_ref).await?;
+    cache.store(epoch, ns, &secret_ref.name, &key, known_host.as_deref());
+    Ok((key, known_host))
 }
 
 /// A target and what it was built from. Shared: a steady probe hands the transport the
