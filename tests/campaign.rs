@@ -8,6 +8,7 @@
 //! sweeps another range of random scenarios.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kpssh::sim::generate::random_scenario;
@@ -27,35 +28,44 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Seeds run on two threads (each simulation is single-threaded and deterministic).
+/// Every seed of the range with the same scenario (see [`campaign_of`]).
 fn campaign(scenario: &Scenario, first: u64, seeds: u64) -> Vec<Summary> {
-    campaign_of(first, seeds, |_| scenario.clone())
+    campaign_of(first, seeds, |_| scenario.clone(), |_| 0)
 }
 
-/// `scenario_of(seed)` run with `seed` for each seed of the range, on two threads.
+/// `scenario_of(seed)` run with `seed` for each seed of the range, on one thread per core
+/// (each simulation is single-threaded and deterministic, so the threads change no trace).
+/// The threads take seeds from one shared queue, the most costly first by `cost` (an
+/// estimate from the drawn scenario), so that no thread is left alone with a long seed at the
+/// end while the other core idles. Summaries come back in seed order.
 fn campaign_of(
     first: u64,
     seeds: u64,
     scenario_of: impl Fn(u64) -> Scenario + Sync,
+    cost: impl Fn(&Scenario) -> u64,
 ) -> Vec<Summary> {
     let opts = RunOptions::default();
-    let lanes = 2;
-    let scenario_of = &scenario_of;
+    let mut queue: Vec<(u64, u64)> = (first..first + seeds)
+        .map(|seed| (cost(&scenario_of(seed)), seed))
+        .collect();
+    // Stable: equal costs keep seed order.
+    queue.sort_by_key(|&(c, _)| std::cmp::Reverse(c));
+    let lanes = std::thread::available_parallelism()
+        .map_or(2, usize::from)
+        .min(queue.len().max(1));
+    let next = AtomicUsize::new(0);
+    let (queue, next, opts, scenario_of) = (&queue, &next, &opts, &scenario_of);
     let mut runs: Vec<Summary> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..lanes)
-            .map(|lane| {
-                let opts = &opts;
+            .map(|_| {
                 s.spawn(move || {
-                    (first..first + seeds)
-                        .filter(|seed| seed % lanes == lane)
-                        .map(|seed| {
-                            run_blocking(&scenario_of(seed), seed, opts)
-                                .unwrap_or_else(|e| {
-                                    panic!("seed {seed}: the simulation fails: {e}")
-                                })
-                                .summary
-                        })
-                        .collect::<Vec<_>>()
+                    let mut out = vec![];
+                    while let Some(&(_, seed)) = queue.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let run = run_blocking(&scenario_of(seed), seed, opts)
+                            .unwrap_or_else(|e| panic!("seed {seed}: the simulation fails: {e}"));
+                        out.push(run.summary);
+                    }
+                    out
                 })
             })
             .collect();
@@ -65,7 +75,32 @@ fn campaign_of(
             .collect()
     });
     runs.sort_by_key(|s| s.seed);
+    hashes_to_file(&runs);
     runs
+}
+
+/// With `KPSSH_CAMPAIGN_HASHES=FILE`, one line per run is appended to FILE: scenario, seed,
+/// trace hash, wall seconds (to check that a change to the simulator left every trace as it
+/// was, and to see which seeds cost most).
+fn hashes_to_file(runs: &[Summary]) {
+    use std::io::Write;
+    let Ok(path) = std::env::var("KPSSH_CAMPAIGN_HASHES") else {
+        return;
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut text = String::new();
+    for s in runs {
+        text.push_str(&format!(
+            "{} {} {} {:.3}\n",
+            s.scenario, s.seed, s.trace_hash, s.wall_seconds
+        ));
+    }
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
 }
 
 /// Actor-core bugs this campaign found and that are still open. Each is reported with a
@@ -260,6 +295,12 @@ fn regression_seeds_hold_every_invariant() {
     }
 }
 
+/// What a drawn scenario costs to run, roughly (for the order of the queue only): virtual
+/// seconds times hosts.
+fn expected_cost(sc: &Scenario) -> u64 {
+    sc.duration.as_secs() * sc.hosts() as u64
+}
+
 /// Random scenarios (issue #24): each seed of a fixed range draws a whole scenario (fleet,
 /// demand shapes, NodePools and limits, every fault kind at its own rate) and runs it; no
 /// invariant may break. A failing seed is shrunk to the smallest scenario that still fails,
@@ -273,7 +314,7 @@ fn random_scenarios_hold_every_invariant() {
         first + seeds - 1
     ));
     let start = Instant::now();
-    let runs = campaign_of(first, seeds, random_scenario);
+    let runs = campaign_of(first, seeds, random_scenario, expected_cost);
     let violations = report("random scenarios", &runs, start.elapsed());
     let hosts: usize = runs.iter().map(|s| s.hosts).sum();
     let limited = runs
