@@ -65,10 +65,21 @@ pub fn spawn<C: Cluster>(cluster: C, state: ClusterState, period: Duration) -> V
         }
     });
     let sched = tokio::spawn(async move {
+        // The state's change count after a pass that wrote nothing: until the state moves,
+        // another pass would decide the same (nothing) and is skipped. A pass is a function
+        // of this state alone unless it read the namespaces, which the state does not hold.
+        let mut idle_at: Option<u64> = None;
         loop {
             tokio::time::sleep(period).await;
-            if let Err(e) = schedule_once(&cluster, &state).await {
-                tracing::debug!(error = %e, "sim scheduler round failed");
+            let at = state.read().changes;
+            if idle_at == Some(at) {
+                continue;
+            }
+            idle_at = None;
+            match pass(&cluster, &state).await {
+                Ok(p) if p.writes == 0 && !p.read_namespaces => idle_at = Some(at),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "sim scheduler round failed"),
             }
         }
     });
@@ -94,6 +105,23 @@ pub async fn schedule_once<C: Cluster>(
     cluster: &C,
     state: &ClusterState,
 ) -> Result<usize, crate::k8s::ClusterError> {
+    Ok(pass(cluster, state).await?.bound)
+}
+
+/// What a pass did.
+struct Pass {
+    bound: usize,
+    /// API writes tried (binds and status writes, failed or not).
+    writes: usize,
+    /// Whether it listed the namespaces (topology terms with namespace selectors).
+    read_namespaces: bool,
+}
+
+async fn pass<C: Cluster>(
+    cluster: &C,
+    state: &ClusterState,
+) -> Result<Pass, crate::k8s::ClusterError> {
+    let mut writes = 0;
     let (mut nodes, pending, to_run) = {
         let st = state.read();
         let mut nodes: Vec<SimNode> = vec![];
@@ -161,7 +189,8 @@ pub async fn schedule_once<C: Cluster>(
     let infos: Vec<PodInfo> = pending.iter().map(PodInfo::new).collect();
     // S56: spread and pod (anti-)affinity on any key, over the Ready nodes, as the
     // kube-scheduler's PodTopologySpread and InterPodAffinity filters.
-    let namespaces = if topology::needs_namespaces(infos.iter()) {
+    let read_namespaces = topology::needs_namespaces(infos.iter());
+    let namespaces = if read_namespaces {
         let all: Vec<k8s_openapi::api::core::v1::Namespace> = cluster.list(None, None).await?;
         all.into_iter()
             .map(|n| {
@@ -240,6 +269,7 @@ pub async fn schedule_once<C: Cluster>(
                 let n = &mut nodes[ni];
                 n.add(info);
                 let patch = json!({"spec": {"nodeName": n.name}});
+                writes += 1;
                 cluster.patch::<Pod>(Some(&ns), &name, &patch).await?;
                 bound += 1;
             }
@@ -247,6 +277,7 @@ pub async fn schedule_once<C: Cluster>(
                 if !pods::is_provisionable(&p) {
                     let mut p2 = p.clone();
                     p2.status = Some(unschedulable_status("0 nodes are available"));
+                    writes += 1;
                     match cluster.replace_status(&p2).await {
                         Ok(_) => {}
                         Err(e) if e.is_conflict() || e.is_not_found() => {}
@@ -270,11 +301,16 @@ pub async fn schedule_once<C: Cluster>(
             }]),
             ..Default::default()
         });
+        writes += 1;
         match cluster.replace_status(&p2).await {
             Ok(_) => {}
             Err(e) if e.is_conflict() || e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(bound)
+    Ok(Pass {
+        bound,
+        writes,
+        read_namespaces,
+    })
 }
