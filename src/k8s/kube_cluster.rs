@@ -226,11 +226,7 @@ impl Cluster for KubeCluster {
         patch: &Value,
     ) -> Result<K, ClusterError> {
         let key = object_key(ns, name);
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        let req = request_for::<K>(ns).patch(name, &pp, &Patch::Merge(patch));
+        let req = request_for::<K>(ns).patch(name, &patch_params(), &Patch::Merge(patch));
         self.call(&kind_of::<K>(), &key, req).await
     }
 
@@ -241,11 +237,12 @@ impl Cluster for KubeCluster {
         patch: &Value,
     ) -> Result<K, ClusterError> {
         let key = object_key(ns, name);
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        let req = request_for::<K>(ns).patch_subresource("status", name, &pp, &Patch::Merge(patch));
+        let req = request_for::<K>(ns).patch_subresource(
+            "status",
+            name,
+            &patch_params(),
+            &Patch::Merge(patch),
+        );
         self.call(&kind_of::<K>(), &key, req).await
     }
 
@@ -363,6 +360,13 @@ impl Cluster for KubeCluster {
 
 fn post_params() -> PostParams {
     PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     }

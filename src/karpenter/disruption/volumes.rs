@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 use super::super::KarpenterError;
+use super::super::provisioning::volumes::volume_terms;
 use super::super::scheduling::PodInfo;
 use crate::api::karpenter::NodeSelectorRequirement;
 use crate::k8s::Cluster;
@@ -81,36 +82,7 @@ async fn read<C: Cluster, T: Transport>(
             "PersistentVolumeClaim {namespace}/{claim} is not bound"
         )));
     };
-    let Some(pv) = ctx.cluster.get::<PersistentVolume>(None, &volume).await? else {
-        return Ok(Err(format!("PersistentVolume {volume} not found")));
-    };
-    let terms = pv
-        .spec
-        .and_then(|s| s.node_affinity)
-        .and_then(|a| a.required)
-        .map(|r| r.node_selector_terms)
-        .unwrap_or_default();
-    if terms
-        .iter()
-        .any(|t| t.match_fields.as_ref().is_some_and(|f| !f.is_empty()))
-    {
-        return Ok(Err(format!(
-            "PersistentVolume {volume}: node affinity matchFields"
-        )));
-    }
-    Ok(Ok(terms
-        .into_iter()
-        .map(|t| {
-            t.match_expressions
-                .into_iter()
-                .flatten()
-                .map(|e| NodeSelectorRequirement {
-                    key: e.key,
-                    operator: e.operator,
-                    values: e.values.unwrap_or_default(),
-                    min_values: None,
-                })
-                .collect()
-        })
-        .collect()))
+    Ok(volume_terms(ctx, &volume)
+        .await?
+        .unwrap_or_else(|| Err(format!("PersistentVolume {volume} not found"))))
 }

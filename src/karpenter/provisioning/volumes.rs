@@ -93,6 +93,24 @@ fn terms_of(
         .collect())
 }
 
+/// The node affinity of PersistentVolume `volume` (`None`: no such volume); shared with
+/// disruption's check of where a pod's volumes let it go (S48).
+pub(crate) async fn volume_terms<C: Cluster, T: Transport>(
+    ctx: &Context<C, T>,
+    volume: &str,
+) -> Result<Option<Result<Terms, String>>, KarpenterError> {
+    let Some(pv) = ctx.cluster.get::<PersistentVolume>(None, volume).await? else {
+        return Ok(None);
+    };
+    let terms = pv
+        .spec
+        .and_then(|s| s.node_affinity)
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
+    Ok(Some(terms_of(terms, volume)))
+}
+
 /// (whether the claim is bound, its constraint).
 async fn read<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
@@ -113,16 +131,10 @@ async fn read<C: Cluster, T: Transport>(
     };
     let spec = pvc.spec.unwrap_or_default();
     if let Some(volume) = spec.volume_name.filter(|v| !v.is_empty()) {
-        let Some(pv) = ctx.cluster.get::<PersistentVolume>(None, &volume).await? else {
-            return Ok((false, Err(format!("PersistentVolume {volume} not found"))));
+        return match volume_terms(ctx, &volume).await? {
+            Some(terms) => Ok((true, terms)),
+            None => Ok((false, Err(format!("PersistentVolume {volume} not found")))),
         };
-        let terms = pv
-            .spec
-            .and_then(|s| s.node_affinity)
-            .and_then(|a| a.required)
-            .map(|r| r.node_selector_terms)
-            .unwrap_or_default();
-        return Ok((true, terms_of(terms, &volume)));
     }
     // Not bound yet: its StorageClass's allowed topologies (WaitForFirstConsumer binds it
     // where the pod lands).
