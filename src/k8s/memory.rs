@@ -53,6 +53,8 @@ pub struct WriteStats {
     pub lists: u64,
     /// Reads of single Secrets (`get`): the SSH key reads the API cost of probes includes.
     pub secret_gets: u64,
+    /// Reads of single Leases (`get`): what leader election costs beyond its writes.
+    pub lease_gets: u64,
     /// Status writes per kind (e.g. `SSHHost`).
     pub status_writes_by_kind: BTreeMap<String, u64>,
 }
@@ -737,8 +739,10 @@ impl Cluster for MemoryCluster {
     ) -> Result<Option<K>, ClusterError> {
         let key = Self::key::<K>(ns, name);
         let mut st = self.lock();
-        if key.kind == "Secret" {
-            st.stats.secret_gets += 1;
+        match key.kind.as_ref() {
+            "Secret" => st.stats.secret_gets += 1,
+            "Lease" => st.stats.lease_gets += 1,
+            _ => {}
         }
         st.objects.get(&key).map(read::<K>).transpose()
     }
