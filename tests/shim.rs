@@ -319,6 +319,46 @@ fn sha1_rsa_signatures_are_refused_by_controller_and_shim() {
 // ---------------------------------------------------------------------------------------------
 // The shim.
 
+/// The shim's probe sees a kubelet run by the shipped profiles' no-systemd path (a loop whose
+/// pid file is `/run/kpssh/kubelet.pid`): run in a mount namespace whose `/run/kpssh` is a
+/// fresh tmpfs, so the machine's own is never touched (root, as the E11 tier).
+#[test]
+fn probe_sees_a_kubelet_loop_without_systemd() {
+    std::fs::create_dir_all("/run/kpssh").expect("mkdir /run/kpssh");
+    let host = Host::new();
+    let shim = format!(
+        "{} --allowed-signers {} --state-dir {}",
+        shim_path().display(),
+        host.path("allowed_signers").display(),
+        host.path("state").display()
+    );
+    for (setup, want) in [
+        (
+            "sleep 30 & loop=$!; echo $loop > /run/kpssh/kubelet.pid",
+            "active",
+        ),
+        (
+            "sh -c 'exit 0' & loop=$!; wait $loop; echo $loop > /run/kpssh/kubelet.pid",
+            "",
+        ),
+    ] {
+        let inner = format!(
+            "set -e; mount -t tmpfs kpssh-shim-test /run/kpssh; {setup}; \
+             SSH_ORIGINAL_COMMAND=probe {shim}; kill $loop 2>/dev/null || true"
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "sh", "-c", &inner])
+            .env_remove("SUDO_UID")
+            .env("TMPDIR", host.path("tmp"))
+            .output()
+            .expect("run unshare");
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let text = String::from_utf8(out.stdout).expect("utf8");
+        let active = text.lines().any(|l| l == "kubelet=active");
+        assert_eq!(active, want == "active", "{setup}: {text}");
+    }
+}
+
 #[test]
 fn probe_prints_the_shared_contract() {
     let host = Host::new();

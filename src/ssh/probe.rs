@@ -2,7 +2,10 @@
 //!
 //! Output contract (shared with the host-side shim, do not change): stdout lines `key=value`,
 //! first line `kpssh-probe=1`, then `cpu=<nproc>`, `memory_kib=<MemTotal kB>`,
-//! `arch=<uname -m>`, `kubelet=<systemctl is-active kubelet | unknown>`. Unknown keys are
+//! `arch=<uname -m>`, `kubelet=<active | systemctl is-active kubelet | unknown>`: `active` also
+//! when the kubelet loop of the shipped profiles' no-systemd path runs (its pid file
+//! `/run/kpssh/kubelet.pid` names a live process), so the zombie guard sees a kubelet on a host
+//! without systemd. Unknown keys are
 //! ignored; missing, unparsable or zero cpu/memory is an error, never a host with zero capacity.
 //!
 //! The Go provider's shim answers its own probe (an envelope with `phase: probe` on stdin) with
@@ -21,11 +24,21 @@ while read -r k v _; do
 done < /proc/meminfo
 echo "memory_kib=$mem"
 echo "arch=$(uname -m)"
-if command -v systemctl >/dev/null 2>&1; then
-  echo "kubelet=$(systemctl is-active kubelet 2>/dev/null | head -n 1)"
-else
-  echo "kubelet=unknown"
+kubelet=
+pid=$(cat /run/kpssh/kubelet.pid 2>/dev/null)
+case "$pid" in
+  ''|*[!0-9]*) ;;
+  *) st=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+     case "$st" in ''|Z|X) ;; *) kubelet=active ;; esac ;;
+esac
+if [ -z "$kubelet" ]; then
+  if command -v systemctl >/dev/null 2>&1; then
+    kubelet=$(systemctl is-active kubelet 2>/dev/null | head -n 1)
+  else
+    kubelet=unknown
+  fi
 fi
+echo "kubelet=$kubelet"
 "#;
 
 /// The stdin of a Verified probe: the Go provider's probe envelope, byte for byte what its
@@ -182,6 +195,49 @@ mod tests {
     use proptest::prelude::*;
 
     const GOOD: &str = "kpssh-probe=1\ncpu=4\nmemory_kib=16318412\narch=x86_64\nkubelet=inactive\n";
+
+    /// Run the probe script with `sh` in a mount namespace of its own whose `/run/kpssh` is a
+    /// fresh tmpfs prepared by `setup` (so the machine's own `/run/kpssh` is never touched).
+    fn probe_with_run_dir(setup: &str) -> ProbeFacts {
+        std::fs::create_dir_all("/run/kpssh").expect("mkdir /run/kpssh (the test runs as root)");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let script = dir.path().join("probe.sh");
+        std::fs::write(&script, PROBE_SCRIPT).expect("write probe");
+        let inner = format!(
+            "set -e\nmount -t tmpfs kpssh-probe-test /run/kpssh\n{setup}\nsh {}\n\
+             kill \"$loop\" 2>/dev/null || true\n",
+            script.display()
+        );
+        let out = std::process::Command::new("unshare")
+            .args(["-m", "sh", "-c", &inner])
+            .output()
+            .expect("run unshare");
+        assert!(
+            out.status.success(),
+            "unshare -m (needs root, as the E11 tier does): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        parse_probe_output(&out.stdout).expect("probe output parses")
+    }
+
+    #[test]
+    fn a_kubelet_loop_without_systemd_is_reported_active() {
+        // The no-systemd path of the shipped profiles: a live loop named by its pid file.
+        let live = probe_with_run_dir("sleep 30 & loop=$!\necho $loop > /run/kpssh/kubelet.pid");
+        assert!(live.kubelet_active, "a live kubelet loop was not seen");
+        // A stale pid file (the loop gone, e.g. after a crash) or a hostile one is not a kubelet.
+        let dead = probe_with_run_dir(
+            "sh -c 'exit 0' & loop=$!\nwait $loop\necho $loop > /run/kpssh/kubelet.pid",
+        );
+        assert!(!dead.kubelet_active, "a dead pid counted as a kubelet");
+        let junk = probe_with_run_dir("loop=\necho '1; touch /tmp/x' > /run/kpssh/kubelet.pid");
+        assert!(
+            !junk.kubelet_active,
+            "a malformed pid file counted as a kubelet"
+        );
+        let none = probe_with_run_dir("loop=");
+        assert!(!none.kubelet_active);
+    }
 
     #[test]
     fn parses_the_contract() {
