@@ -11,6 +11,8 @@ mod controlplane;
 mod helm;
 #[path = "chart/network_policy.rs"]
 mod network_policy;
+#[path = "chart/shards.rs"]
+mod shards;
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -1118,6 +1120,10 @@ fn full_exposition() -> String {
     // `kpssh controller` appends the leader gauge to the registry's text.
     let mut text = m.encode(&view);
     text.push_str(&kpssh::k8s::leader::exposition(true));
+    // ... and the shard's node classes (`--node-classes`).
+    text.push_str(&kpssh::cli::controller::shard_exposition(
+        &kpssh::provider::shard::Shard::all(),
+    ));
     text
 }
 

@@ -6,6 +6,7 @@
 pub mod host;
 pub mod nodeclass;
 pub mod router;
+mod shard;
 pub mod status;
 pub mod supervisor;
 

@@ -248,7 +248,12 @@ fn apply<K: kube::Resource + Clone>(map: &mut BTreeMap<String, K>, ev: WatchEven
 
 /// Every class and profile; false when any of them failed.
 async fn reconcile_all<C: Cluster, T: Transport>(state: &mut NodeClassState<C, T>) -> bool {
-    let names: Vec<String> = state.classes.keys().cloned().collect();
+    // A shard (`--node-classes`) writes the status and finalizer of its own classes only:
+    // another shard's host view holds other hosts, and two shards would flap the condition.
+    let names: Vec<String> = (state.classes.keys())
+        .filter(|n| state.ctx.shard.owns_class(n))
+        .cloned()
+        .collect();
     // Read before the snapshot: a change in between makes the next pass count again.
     let membership = state.ctx.hosts.membership_version();
     let mut ok = true;
@@ -451,13 +456,22 @@ async fn reconcile_profiles<C: Cluster, T: Transport>(
     state: &NodeClassState<C, T>,
 ) -> Result<(), ClusterError> {
     for (name, profile) in &state.profiles {
-        finalizers::set(
-            &state.ctx.cluster,
-            profile,
-            TERMINATION_FINALIZER,
-            state.ctx.hosts.profile_in_use(name),
-        )
-        .await?;
+        let mut in_use = state.ctx.hosts.profile_in_use(name);
+        // A shard sees only its own hosts: before it drops the finalizer, hosts of the other
+        // shards are asked about too (rare: only a profile going out of use gets here).
+        let held =
+            (profile.metadata.finalizers.iter().flatten()).any(|f| f == TERMINATION_FINALIZER);
+        if !in_use && held && state.ctx.shard.is_sharded() {
+            let hosts: Vec<crate::api::SSHHost> = state
+                .ctx
+                .cluster
+                .list(Some(state.ctx.pool_ns()), None)
+                .await?;
+            in_use = hosts
+                .iter()
+                .any(|h| crate::provider::context::installed_profile(h) == Some(name.as_str()));
+        }
+        finalizers::set(&state.ctx.cluster, profile, TERMINATION_FINALIZER, in_use).await?;
     }
     Ok(())
 }

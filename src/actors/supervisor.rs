@@ -29,6 +29,9 @@ pub enum SupervisorMsg {
         names: Vec<String>,
         relisted: bool,
     },
+    /// SSHNodeClasses changed (sharded controllers only, `--node-classes`): which hosts are
+    /// this shard's may have changed.
+    Class(Box<WatchEvent<crate::api::SSHNodeClass>>),
     /// A watch stream ended or failed; it is restarted by its task.
     WatchError(String),
 }
@@ -52,10 +55,16 @@ struct HostHandle {
 }
 
 pub struct SupervisorState<C: Cluster, T: Transport> {
-    ctx: Context<C, T>,
+    pub(super) ctx: Context<C, T>,
     actors: BTreeMap<String, HostHandle>,
     names: BTreeMap<ActorId, String>,
     watches: Vec<tokio::task::JoinHandle<()>>,
+    /// Sharded only: every SSHHost of the pool namespace, this shard's or not (a class
+    /// change may move hosts in or out of the shard).
+    pub(super) all: BTreeMap<String, Arc<SSHHost>>,
+    /// Sharded only: hosts reported as selected by this shard's classes and another's, with
+    /// the classes reported (reported again only when they change).
+    pub(super) overlaps: BTreeMap<String, (Vec<String>, Vec<String>)>,
 }
 
 impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
@@ -82,11 +91,33 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
                 .watch::<k8s_openapi::api::core::v1::Secret>(Some(&ns)),
             myself.clone(),
         );
+        let mut watches = vec![hosts, nodes, secrets];
+        // Only a shard needs the classes here; an unsharded controller's watches (and the
+        // simulation's traces) stay as they were.
+        if ctx.shard.is_sharded() {
+            // Read once before the first host list is handled, so that it is sorted into ours
+            // and not ours at once rather than after the class watch's first list.
+            match ctx
+                .cluster
+                .list::<crate::api::SSHNodeClass>(None, None)
+                .await
+            {
+                Ok(classes) => ctx.shard.set_classes(&classes),
+                Err(e) => tracing::warn!(error = %e, "SSHNodeClasses not listed; the watch will"),
+            }
+            watches.push(forward(
+                ctx.cluster.watch::<crate::api::SSHNodeClass>(None),
+                myself.clone(),
+                |e| SupervisorMsg::Class(Box::new(e)),
+            ));
+        }
         Ok(SupervisorState {
             ctx,
             actors: BTreeMap::new(),
             names: BTreeMap::new(),
-            watches: vec![hosts, nodes, secrets],
+            watches,
+            all: BTreeMap::new(),
+            overlaps: BTreeMap::new(),
         })
     }
 
@@ -121,6 +152,7 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
                 }
             }
             SupervisorMsg::Secrets { names, relisted } => on_secrets(state, &names, relisted),
+            SupervisorMsg::Class(ev) => super::shard::on_class_event(&myself, state, *ev).await,
             SupervisorMsg::WatchError(e) => tracing::warn!(error = %e, "watch error"),
         }
         Ok(())
@@ -241,6 +273,10 @@ async fn on_host_event<C: Cluster, T: Transport>(
     state: &mut SupervisorState<C, T>,
     ev: WatchEvent<Arc<SSHHost>>,
 ) {
+    let ev = match super::shard::filter_host_event(state, ev).await {
+        Some(ev) => ev,
+        None => return,
+    };
     match ev {
         WatchEvent::Restarted(hosts) => {
             let keep: std::collections::BTreeSet<String> = hosts
@@ -273,7 +309,7 @@ async fn on_host_event<C: Cluster, T: Transport>(
     }
 }
 
-async fn upsert_host<C: Cluster, T: Transport>(
+pub(super) async fn upsert_host<C: Cluster, T: Transport>(
     myself: &ActorRef<SupervisorMsg>,
     state: &mut SupervisorState<C, T>,
     host: Arc<SSHHost>,
@@ -309,7 +345,14 @@ async fn spawn_host<C: Cluster, T: Transport>(
     }
 }
 
-fn stop_host<C: Cluster, T: Transport>(state: &mut SupervisorState<C, T>, name: &str) {
+pub(super) fn has_actor<C: Cluster, T: Transport>(
+    state: &SupervisorState<C, T>,
+    name: &str,
+) -> bool {
+    state.actors.contains_key(name)
+}
+
+pub(super) fn stop_host<C: Cluster, T: Transport>(state: &mut SupervisorState<C, T>, name: &str) {
     if let Some(h) = state.actors.remove(name) {
         state.names.remove(&h.actor.get_id());
         h.actor.stop(Some("SSHHost deleted".into()));

@@ -80,6 +80,14 @@ pub struct ControllerArgs {
     /// Default: `$LEADER_ELECTION_NAME` (the Go provider's setting), else kpssh-controller.
     #[arg(long, env = "KPSSH_LEADER_ELECTION_ID")]
     pub leader_election_id: Option<String>,
+    /// Shard the pool (issue #26): manage only these SSHNodeClasses (comma-separated names),
+    /// the SSHHosts they select, the NodePools whose nodeClassRef names one of them and those
+    /// NodePools' NodeClaims. Several controllers with disjoint lists share one cluster, each
+    /// with its own Lease. Empty (the default): every class, one controller for the pool. A
+    /// host also selected by a class this controller does not own is left alone and reported
+    /// (event `ShardOverlap`, `kpssh_shard_overlapping_hosts`).
+    #[arg(long, env = "KPSSH_NODE_CLASSES", value_delimiter = ',', num_args = 0..)]
+    pub node_classes: Vec<String>,
     /// Verified hosts: run a phase whose profile has no v2 signature with its v1 signature
     /// (binds neither phase, profile version nor expiry: someone who can edit profiles can
     /// replay any v1-signed script as any phase). Off by default; each such run logs a warning.
@@ -138,12 +146,40 @@ impl ControllerArgs {
             },
             leader_election_id: match &self.leader_election_id {
                 Some(id) => id.clone(),
-                None => go("LEADER_ELECTION_NAME").unwrap_or_else(|| "kpssh-controller".into()),
+                None => {
+                    let base =
+                        go("LEADER_ELECTION_NAME").unwrap_or_else(|| "kpssh-controller".into());
+                    shard_lease_name(&base, &self.node_classes)?
+                }
             },
             batch_max: duration("BATCH_MAX_DURATION")?,
             batch_idle: duration("BATCH_IDLE_DURATION")?,
         })
     }
+}
+
+/// The Lease of a shard: `<base>-<its classes, sorted, joined by '-'>`, so that each shard
+/// elects its own leader without a flag; `base` alone without sharding.
+pub fn shard_lease_name(base: &str, classes: &[String]) -> anyhow::Result<String> {
+    let mut owned: Vec<&str> = (classes.iter())
+        .map(|c| c.trim())
+        .filter(|c| !c.is_empty())
+        .collect();
+    if owned.is_empty() {
+        return Ok(base.to_string());
+    }
+    owned.sort_unstable();
+    owned.dedup();
+    let name = format!("{base}-{}", owned.join("-"));
+    // A Lease name is a DNS subdomain (at most 253 characters).
+    if name.len() > 253 {
+        anyhow::bail!(
+            "the Lease name derived from --node-classes is {} characters (at most 253): name it \
+             with --leader-election-id",
+            name.len()
+        );
+    }
+    Ok(name)
 }
 
 /// Go-style durations as the CRDs use them: `^([0-9]+(s|m|h))+$`.
@@ -178,6 +214,7 @@ impl Status for ControllerStatus {
             .set(i64::try_from(open).unwrap_or(i64::MAX));
         let mut text = self.ctx.metrics.encode(&self.ctx.hosts);
         text.push_str(&leader::exposition(self.working()));
+        text.push_str(&shard_exposition(&self.ctx.shard));
         text
     }
     /// A standby is ready once it has read the Lease: it is healthy and can take over, and a
@@ -190,6 +227,15 @@ impl Status for ControllerStatus {
             Some(Role::Starting | Role::Lost) => false,
         }
     }
+}
+
+/// `kpssh_shard_info`: which node classes this controller owns, so that the metrics of
+/// several shards can be told apart (`*`: all, no sharding).
+pub fn shard_exposition(shard: &crate::provider::shard::Shard) -> String {
+    format!(
+        "# HELP kpssh_shard_info The SSHNodeClasses this controller owns (--node-classes; * for all).\n# TYPE kpssh_shard_info gauge\nkpssh_shard_info{{node_classes=\"{}\"}} 1\n",
+        shard.describe()
+    )
 }
 
 pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
@@ -215,6 +261,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
         ssh_dials_per_second: args.ssh_dials_per_second,
         max_concurrent_claims: args.max_concurrent_claims.max(1),
         split_mixed_arch: args.split_mixed_arch,
+        node_classes: args.node_classes.clone(),
         verified: crate::profile::verified::VerifiedPolicy {
             allow_v1: args.allow_v1_signatures,
         },
@@ -237,6 +284,9 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<i32> {
         config,
         None,
     );
+    if ctx.shard.is_sharded() {
+        tracing::info!(node_classes = %ctx.shard.describe(), "sharded: managing only these node classes");
+    }
     let elector = if args.leader_elect {
         let namespace = if args.leader_election_namespace.is_empty() {
             client.default_namespace().to_string()
@@ -450,5 +500,31 @@ mod tests {
             .resolve(|n| (n == "HEALTH_PROBE_PORT").then(|| "http".to_string()))
             .expect_err("bad port");
         assert!(err.to_string().contains("HEALTH_PROBE_PORT"), "{err}");
+    }
+
+    #[test]
+    fn a_shard_gets_its_own_lease_unless_one_is_named() {
+        let r = args(&["--node-classes", "b,a"])
+            .resolve(|_| None)
+            .expect("resolve");
+        assert_eq!(r.leader_election_id, "kpssh-controller-a-b");
+        let r = args(&["--node-classes", "gpu"])
+            .resolve(|n| (n == "LEADER_ELECTION_NAME").then(|| "karpenter-ssh".to_string()))
+            .expect("resolve");
+        assert_eq!(r.leader_election_id, "karpenter-ssh-gpu");
+        let r = args(&["--node-classes", "gpu", "--leader-election-id", "mine"])
+            .resolve(|_| None)
+            .expect("resolve");
+        assert_eq!(r.leader_election_id, "mine");
+        // No sharding: the Lease of today.
+        let a = args(&[]);
+        assert!(a.node_classes.is_empty());
+        assert_eq!(
+            a.resolve(|_| None).expect("resolve").leader_election_id,
+            "kpssh-controller"
+        );
+        let long = vec!["x".repeat(200), "y".repeat(60)];
+        let err = shard_lease_name("kpssh-controller", &long).expect_err("too long");
+        assert!(err.to_string().contains("--leader-election-id"), "{err}");
     }
 }

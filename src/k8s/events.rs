@@ -16,6 +16,8 @@ pub const CONFIGURATION_ERROR: &str = "ConfigurationError";
 pub const JOINED: &str = "Joined";
 pub const RELEASED: &str = "Released";
 pub const LEAVE_FAILED: &str = "LeaveFailed";
+/// A host selected by node classes of two shards (`--node-classes`): left alone until fixed.
+pub const SHARD_OVERLAP: &str = "ShardOverlap";
 
 /// Record an event about `obj`. `message` must already be redacted.
 pub async fn record<C: Cluster, K: Object>(

@@ -137,7 +137,7 @@ pub async fn spawn_with<C: Cluster, T: Transport>(
     ctx: &Context<C, T>,
     config: KarpenterConfig,
 ) -> Result<KarpenterHandles, KarpenterError> {
-    let state = state::ClusterState::new(ctx.clock.clone());
+    let state = state::ClusterState::of_shard(ctx.clock.clone(), ctx.shard.clone());
     ctx.metrics.core.watch(std::sync::Arc::new(state.clone()));
     let mut tasks = state.start(&ctx.cluster);
     // Wait for the first list of every kind so no controller acts on a partial view.

@@ -63,6 +63,10 @@ pub struct Inner {
     unregistered: BTreeSet<String>,
     /// NodeClaim name by `status.providerID`, to map a Node change to its claim.
     claims_by_provider: BTreeMap<String, String>,
+    /// The node classes this controller owns (`--node-classes`): only NodePools and
+    /// NodeClaims of those enter the state, so that no controller of the layer provisions
+    /// with, disrupts or terminates another shard's.
+    pub shard: crate::provider::shard::Shard,
     /// Kinds whose first list arrived.
     pub synced: u8,
     /// Bumped after every watch event applied: a controller whose output depends on the state
@@ -192,8 +196,16 @@ pub struct ClusterState {
 
 impl ClusterState {
     pub fn new(clock: Clock) -> Self {
+        Self::of_shard(clock, Default::default())
+    }
+
+    /// The state of a shard's NodePools and NodeClaims (`--node-classes`).
+    pub fn of_shard(clock: Clock, shard: crate::provider::shard::Shard) -> Self {
         ClusterState {
-            inner: Arc::new(RwLock::new(Inner::default())),
+            inner: Arc::new(RwLock::new(Inner {
+                shard,
+                ..Inner::default()
+            })),
             changed: Arc::new(Notify::new()),
             clock,
         }
@@ -336,7 +348,7 @@ fn ns_key<K: kube::Resource>(o: &K) -> NsKey {
 fn apply_named<K: kube::Resource, V: Borrow<K>>(
     map: &mut BTreeMap<String, V>,
     change: Change<V>,
-    keep: fn(&K) -> bool,
+    keep: impl Fn(&K) -> bool,
 ) {
     match change {
         Change::Reset(all) => {
@@ -376,15 +388,17 @@ fn apply_namespaced<K: kube::Resource + Clone>(map: &mut BTreeMap<NsKey, K>, cha
 }
 
 fn apply_nodepool(st: &mut Inner, c: Change<NodePool>, _: Timestamp) {
-    apply_named(&mut st.nodepools, c, NodePool::is_ours);
+    let shard = st.shard.clone();
+    apply_named(&mut st.nodepools, c, |np| shard.owns_pool(np));
 }
 
 fn apply_nodeclaim(st: &mut Inner, c: Change<Arc<NodeClaim>>, _: Timestamp) {
+    let shard = st.shard.clone();
     match &c {
         Change::Reset(all) => {
             st.claims_by_provider.clear();
             st.touched_claims.extend(st.nodeclaims.keys().cloned());
-            for nc in all.iter().filter(|nc| nc.is_ours()) {
+            for nc in all.iter().filter(|nc| shard.owns_claim(nc)) {
                 index_claim(st, nc);
                 st.touched_claims.insert(name_of(&**nc));
             }
@@ -403,7 +417,7 @@ fn apply_nodeclaim(st: &mut Inner, c: Change<Arc<NodeClaim>>, _: Timestamp) {
             {
                 st.claims_by_provider.remove(&pid);
             }
-            if matches!(c, Change::Upsert(_)) && nc.is_ours() {
+            if matches!(c, Change::Upsert(_)) && shard.owns_claim(nc) {
                 index_claim(st, nc);
             }
             st.touched_claims.insert(name);
@@ -413,7 +427,7 @@ fn apply_nodeclaim(st: &mut Inner, c: Change<Arc<NodeClaim>>, _: Timestamp) {
         Change::Reset(_) => None,
         Change::Upsert(nc) | Change::Delete(nc) => Some(name_of(&**nc)),
     };
-    apply_named(&mut st.nodeclaims, c, NodeClaim::is_ours);
+    apply_named(&mut st.nodeclaims, c, |nc| shard.owns_claim(nc));
     match changed {
         Some(name) => track_claim(st, &name),
         None => {

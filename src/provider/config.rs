@@ -42,6 +42,8 @@ pub struct Config {
     /// consecutive failure up to `launch_backoff_max`.
     pub launch_backoff_base: Duration,
     pub launch_backoff_max: Duration,
+    /// Sharding (`--node-classes`): the SSHNodeClasses this controller owns; empty: all.
+    pub node_classes: Vec<String>,
 }
 
 impl Default for Config {
@@ -65,6 +67,7 @@ impl Default for Config {
             verified: crate::profile::verified::VerifiedPolicy::default(),
             launch_backoff_base: Duration::from_secs(60),
             launch_backoff_max: Duration::from_secs(3600),
+            node_classes: Vec::new(),
         }
     }
 }

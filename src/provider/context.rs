@@ -38,6 +38,9 @@ pub struct Context<C: Cluster, T: Transport> {
     pub probe_clock: super::probe_clock::ProbeClock,
     /// Host key Secrets as last read, shared by the host actors\' probe targets.
     pub keys: super::key_cache::KeyCache,
+    /// The node classes this controller owns (`--node-classes`; all by default) and the
+    /// selectors of every class: which hosts, NodePools and NodeClaims are its business.
+    pub shard: super::shard::Shard,
     /// The one random source (token values, jitter): seeded, so a simulation run replays.
     rng: Arc<Mutex<ChaCha8Rng>>,
 }
@@ -58,6 +61,7 @@ impl<C: Cluster, T: Transport> Clone for Context<C, T> {
             launches: self.launches.clone(),
             probe_clock: self.probe_clock.clone(),
             keys: self.keys.clone(),
+            shard: self.shard.clone(),
             rng: self.rng.clone(),
         }
     }
@@ -73,6 +77,7 @@ impl<C: Cluster, T: Transport> Context<C, T> {
         seed: Option<u64>,
     ) -> Self {
         let limits = Limits::new(&config);
+        let shard = super::shard::Shard::of(config.node_classes.iter().cloned());
         let rng = match seed {
             Some(s) => ChaCha8Rng::seed_from_u64(s),
             None => ChaCha8Rng::from_os_rng(),
@@ -91,6 +96,7 @@ impl<C: Cluster, T: Transport> Context<C, T> {
             launches: Default::default(),
             probe_clock: Default::default(),
             keys: Default::default(),
+            shard,
             rng: Arc::new(Mutex::new(rng)),
         }
     }
@@ -293,6 +299,9 @@ struct ViewInner {
     /// How many hosts carry an install marker of each SSHJoinProfile: the profile finalizer's
     /// question, answered without a pass over the pool every resync.
     by_profile: BTreeMap<String, usize>,
+    /// Whether the view was ever filled (the supervisor's first list, or any host put in):
+    /// before that, an empty view says nothing about the pool.
+    listed: bool,
 }
 
 /// Nothing a node class's selection or instance types read changed: labels (selector and
@@ -314,7 +323,8 @@ fn same_offering(old: &SSHHost, new: &SSHHost) -> bool {
 }
 
 /// The SSHJoinProfile an install marker (`name@version`) names.
-fn installed_profile(host: &SSHHost) -> Option<&str> {
+/// The SSHJoinProfile installed on a host (its install marker's name part).
+pub fn installed_profile(host: &SSHHost) -> Option<&str> {
     let marker = host.status.as_ref()?.installed_profile.as_deref()?;
     marker.split('@').next()
 }
@@ -389,6 +399,7 @@ impl HostView {
         if newer {
             view.insert(host);
             view.version += 1;
+            view.listed = true;
         }
     }
 
@@ -406,6 +417,7 @@ impl HostView {
         }
         view.insert(host.clone());
         view.version += 1;
+        view.listed = true;
         host
     }
 
@@ -423,6 +435,7 @@ impl HostView {
         *view = ViewInner::default();
         view.version = version;
         view.membership = membership;
+        view.listed = true;
         for h in hosts {
             view.insert(h);
         }
@@ -431,6 +444,18 @@ impl HostView {
     /// Changes so far (any host added, updated or removed).
     pub fn version(&self) -> u64 {
         self.read().version
+    }
+
+    /// Whether the pool's hosts were listed yet: a router that finds no host in a view never
+    /// filled must wait, not call the NodeClaim unsatisfiable (a controller taking over
+    /// would otherwise delete every NodeClaim waiting for it).
+    pub fn listed(&self) -> bool {
+        self.read().listed
+    }
+
+    /// Whether the view holds `name` (without copying it).
+    pub fn contains(&self, name: &str) -> bool {
+        self.read().hosts.contains_key(name)
     }
 
     pub fn get(&self, name: &str) -> Option<SSHHost> {

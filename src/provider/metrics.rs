@@ -98,6 +98,9 @@ pub struct Metrics {
     pub claims: Counter,
     pub claim_conflicts: Counter,
     pub host_actors: Gauge,
+    /// Hosts selected both by a node class of this shard and by one it does not own (left
+    /// alone until the selectors are disjoint; 0 without `--node-classes`).
+    pub shard_overlapping_hosts: Gauge,
     pub phases_in_flight: Gauge<i64, AtomicI64>,
     /// Open (pooled) SSH connections, set by the transport's owner at scrape time.
     pub ssh_connections: Gauge,
@@ -175,6 +178,7 @@ impl Metrics {
         let claims = Counter::default();
         let claim_conflicts = Counter::default();
         let host_actors = Gauge::default();
+        let shard_overlapping_hosts = Gauge::default();
         let phases_in_flight = Gauge::<i64, AtomicI64>::default();
         let ssh_connections = Gauge::default();
         let limiter_wait = Family::<LimitLabels, Histogram>::new_with_constructor(|| {
@@ -263,6 +267,11 @@ impl Metrics {
         );
         registry.register("host_actors", "Running host actors", host_actors.clone());
         registry.register(
+            "shard_overlapping_hosts",
+            "SSHHosts selected by a node class of this shard and by one of another (left alone)",
+            shard_overlapping_hosts.clone(),
+        );
+        registry.register(
             "phases_in_flight",
             "Profile phases running now",
             phases_in_flight.clone(),
@@ -275,6 +284,7 @@ impl Metrics {
             claims,
             claim_conflicts,
             host_actors,
+            shard_overlapping_hosts,
             phases_in_flight,
             ssh_connections,
             limiter_wait,

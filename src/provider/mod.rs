@@ -25,6 +25,7 @@ pub mod launches;
 pub mod limits;
 pub mod metrics;
 pub mod probe_clock;
+pub mod shard;
 
 pub use config::Config;
 pub use context::{Context, HostView};

@@ -9,6 +9,7 @@ mod host_state;
 mod lifecycle;
 mod nodeclass;
 mod scale;
+mod shards;
 mod taint_gates;
 mod zombie;
 

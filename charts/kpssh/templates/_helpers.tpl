@@ -55,3 +55,38 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "kpssh.leaseName" -}}
 {{- default (printf "%s-controller" (include "kpssh.fullname" .)) .Values.leaderElection.id -}}
 {{- end -}}
+
+{{/*
+The controller Deployments as a YAML list: `shards` as given, checked (names DNS labels and
+unique, node classes non-empty and each owned by one shard only), or without shards one entry
+with no name and no classes (a single controller for every node class).
+*/}}
+{{- define "kpssh.shards" -}}
+{{- $shards := default list .Values.shards -}}
+{{- if not $shards -}}
+{{- list (dict "name" "") | toYaml -}}
+{{- else -}}
+{{- $owner := dict -}}
+{{- $names := dict -}}
+{{- range $i, $s := $shards -}}
+{{- $name := toString (default "" $s.name) -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,28}[a-z0-9])?$" $name) -}}
+{{- fail (printf "shards[%d].name %q must be a DNS label of at most 30 characters (it names the Deployment, the PodDisruptionBudget and the Lease)" $i $name) -}}
+{{- end -}}
+{{- if hasKey $names $name -}}
+{{- fail (printf "shards: two shards are named %q" $name) -}}
+{{- end -}}
+{{- $_ := set $names $name true -}}
+{{- if not $s.nodeClasses -}}
+{{- fail (printf "shards[%d] (%s): nodeClasses must name at least one SSHNodeClass" $i $name) -}}
+{{- end -}}
+{{- range $c := $s.nodeClasses -}}
+{{- if hasKey $owner $c -}}
+{{- fail (printf "shards: SSHNodeClass %q is in the nodeClasses of shard %s and of shard %s; each node class must belong to exactly one shard" $c (get $owner $c) $name) -}}
+{{- end -}}
+{{- $_ := set $owner $c $name -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $shards -}}
+{{- end -}}
+{{- end -}}

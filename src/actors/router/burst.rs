@@ -161,6 +161,12 @@ async fn dispatch<C: Cluster, T: Transport>(state: &mut RouterState<C, T>, name:
     let Some(claim) = claim_ref(&nc) else {
         return;
     };
+    if !state.ctx.hosts.listed() {
+        // The supervisor's first list of the hosts has not arrived (a controller starting,
+        // or taking over): look again on the next tick.
+        state.waiting.insert(name.to_string());
+        return;
+    }
     let class_name = nc.spec.node_class_ref.name.clone();
     let mut fresh = match rank(state, &class_name, false).await {
         Ok(Some(fresh)) => fresh,

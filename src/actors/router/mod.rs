@@ -166,18 +166,21 @@ async fn on_event<C: Cluster, T: Transport>(
     state: &mut RouterState<C, T>,
     ev: WatchEvent<Arc<NodeClaim>>,
 ) {
+    // Another shard's NodeClaims (`--node-classes`) are not this router's: it never claims
+    // for them, releases their hosts or touches their finalizers.
+    let shard = state.ctx.shard.clone();
     match ev {
         WatchEvent::Restarted(all) => {
             state
                 .ctx
                 .claims
-                .replace_all(all.iter().filter(|c| c.is_ours()).filter_map(|c| {
+                .replace_all(all.iter().filter(|c| shard.owns_claim(c)).filter_map(|c| {
                     let deleting = c.metadata.deletion_timestamp.is_some();
                     c.metadata.uid.as_deref().map(|u| (u, deleting))
                 }));
             state.claims = all
                 .into_iter()
-                .filter(|c| c.is_ours())
+                .filter(|c| shard.owns_claim(c))
                 .filter_map(|c| c.metadata.name.clone().map(|n| (n, c)))
                 .collect();
             let names: Vec<String> = state.claims.keys().cloned().collect();
@@ -185,7 +188,7 @@ async fn on_event<C: Cluster, T: Transport>(
                 reconcile(state, &n).await;
             }
         }
-        WatchEvent::Applied(nc) if nc.is_ours() => {
+        WatchEvent::Applied(nc) if shard.owns_claim(&nc) => {
             if let Some(uid) = nc.metadata.uid.as_deref() {
                 let deleting = nc.metadata.deletion_timestamp.is_some();
                 state.ctx.claims.insert(uid, deleting);
@@ -194,7 +197,7 @@ async fn on_event<C: Cluster, T: Transport>(
             state.claims.insert(name.clone(), nc);
             reconcile(state, &name).await;
         }
-        WatchEvent::Deleted(nc) if nc.is_ours() => {
+        WatchEvent::Deleted(nc) if shard.owns_claim(&nc) => {
             if let Some(uid) = nc.metadata.uid.as_deref() {
                 state.ctx.claims.remove(uid);
             }
