@@ -404,6 +404,7 @@ async fn run(n: usize, m: usize) {
         ProcSample::read(etcd_pid),
     );
     let probes0 = kids.latest("a", "probes").map_or(0, |e| e.value);
+    let dials0 = kids.latest("a", "dials").map_or(0, |e| e.value);
     let started = Instant::now();
     let mut rss = vec![];
     while started.elapsed() < window {
@@ -419,6 +420,9 @@ async fn run(n: usize, m: usize) {
     let w1 = ApiCounts::scrape(&client).await;
     let load_w1 = loadavg();
     let probes1 = kids.latest("a", "probes").map_or(0, |e| e.value);
+    let dials1 = kids.latest("a", "dials").map_or(0, |e| e.value);
+    let pooled = kids.latest("a", "pooled").map_or(0, |e| e.value);
+    let fleet_kib = kids.latest("a", "rss-fleet-kib").map_or(0, |e| e.value);
     let scale = elapsed.as_secs_f64() / baseline_secs as f64;
     let delta = w1.minus(&w0).less_scaled(&baseline, scale);
     let host_hours = n as f64 * elapsed.as_secs_f64() / 3600.0;
@@ -505,6 +509,14 @@ async fn run(n: usize, m: usize) {
             ),
         ),
         ("probes per host-hour (window)", format!("{probe_rate:.1}")),
+        (
+            "SSH dials in the window; pooled connections at its end",
+            format!("{}; {pooled}", dials1.saturating_sub(dials0)),
+        ),
+        (
+            "simulated fleet in the leader's RSS (SimHosts, MiB)",
+            format!("{:.1}", fleet_kib as f64 / 1024.0),
+        ),
         (
             "API requests per host-hour (all)",
             format!("{:.3}", per_hh(total)),

@@ -354,3 +354,48 @@ async fn s58_patch_status_merges_the_status_subresource_of_a_nodepool() {
         .await
         .expect("delete");
 }
+
+/// Issue #26 (leader memory at 10,000 hosts): what the port hands on carries no
+/// `managedFields` (a tree of JSON maps per field manager, held for every object in the
+/// watch-fed stores), whether read, listed, watched or returned by a write; and writing such an
+/// object back keeps the server's field ownership (the API server keeps the live object's
+/// managedFields when an update carries none).
+#[tokio::test]
+async fn objects_come_without_managed_fields_and_writing_them_back_keeps_the_servers() {
+    let ns = "kc-lean";
+    let c = cluster(ns).await;
+    let mut w = c.watch::<SSHHost>(Some(ns));
+    assert!(matches!(w.next().await, Some(Ok(WatchEvent::Restarted(_)))));
+    let created = c.create(&host(ns, "a")).await.expect("create");
+    assert_eq!(created.metadata.managed_fields, None, "create's result");
+    let got: SSHHost = c.get(Some(ns), "a").await.expect("get").expect("a");
+    assert_eq!(got.metadata.managed_fields, None, "get");
+    let listed: Vec<SSHHost> = c.list(Some(ns), None).await.expect("list");
+    assert!(!listed.is_empty());
+    assert!(
+        listed.iter().all(|h| h.metadata.managed_fields.is_none()),
+        "list"
+    );
+    match tokio::time::timeout(Duration::from_secs(20), w.next()).await {
+        Ok(Some(Ok(WatchEvent::Applied(h)))) => {
+            assert_eq!(h.metadata.managed_fields, None, "watch")
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let mut edited = got.clone();
+    edited.spec.port = 2222;
+    let replaced = c.replace(&edited).await.expect("replace");
+    assert_eq!(replaced.metadata.managed_fields, None, "replace's result");
+    let raw: SSHHost = kube::Api::namespaced(c.client().clone(), ns)
+        .get("a")
+        .await
+        .expect("raw get");
+    let managers: Vec<String> = (raw.metadata.managed_fields.unwrap_or_default().iter())
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !managers.is_empty(),
+        "the server still tracks who owns the fields"
+    );
+    assert_eq!(raw.spec.port, 2222);
+}

@@ -23,6 +23,7 @@ use kpssh::karpenter::{KarpenterConfig, spawn_with};
 use kpssh::provider::{Config, Context};
 use kpssh::sim::world::host_object;
 use kpssh::sim::{SimHost, SimTransport};
+use kpssh::ssh::pool::PoolConfig;
 use kpssh::ssh::{
     CommandOutput, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
 };
@@ -81,6 +82,10 @@ impl Transport for Counting {
         self.inner.exec(target, cmd).await
     }
 
+    fn pooled(&self, target: &HostTarget) -> bool {
+        self.inner.pooled(target)
+    }
+
     async fn forget(&self, host: &str) {
         self.inner.forget(host).await
     }
@@ -117,9 +122,20 @@ async fn run(identity: &str) {
     // Nodes are copied to the API server below.
     let kubelets = MemoryCluster::new(Clock::system());
     let sim = SimTransport::new(kubelets.clone());
+    // The real transport's pool (`--max-ssh-connections`, 4096 by default; 5-minute idle
+    // timeout): which probes dial, and so wait for the dial pacer.
+    sim.set_pool(PoolConfig {
+        max_connections: super::env_u64("KPSSH_MAX_SSH_CONNECTIONS", 4096) as usize,
+        ..PoolConfig::default()
+    });
+    let rss_empty = super::measure::ProcSample::read(std::process::id()).rss_kib;
     for i in 0..n {
         sim.add(host(i).0);
     }
+    // The simulated fleet lives in this process but is not the controller's: what it holds
+    // at the start (the joined hosts' kubelet Nodes come later, 1,000 small objects).
+    let rss_fleet = super::measure::ProcSample::read(std::process::id()).rss_kib;
+    emit("rss-fleet-kib", rss_fleet.saturating_sub(rss_empty));
     let transport = Counting {
         inner: sim,
         n,
@@ -167,6 +183,8 @@ async fn run(identity: &str) {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
             emit("probes", transport.probes.load(Ordering::Relaxed));
+            emit("dials", transport.inner.dials());
+            emit("pooled", transport.inner.pooled_connections() as u64);
         }
     });
     let e = held.lost().await;

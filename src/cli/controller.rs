@@ -52,7 +52,9 @@ pub struct ControllerArgs {
     #[arg(long, env = "KPSSH_NODE_REPAIR", default_value_t = false, action = ArgAction::Set,
           num_args = 0..=1, default_missing_value = "true")]
     pub node_repair: bool,
-    /// Cap on pooled SSH connections (least recently used idle ones are closed first).
+    /// Cap on pooled SSH connections (least recently used idle ones are closed first; ~100 KiB
+    /// and a file descriptor each). Above it a sweep of all hosts dials on every probe: see
+    /// `--ssh-dials-per-second`.
     #[arg(long, env = "KPSSH_MAX_SSH_CONNECTIONS", default_value_t = 4096)]
     pub max_ssh_connections: usize,
     /// Address of /metrics (and /healthz, /readyz). Default: port `$METRICS_PORT` (the Go

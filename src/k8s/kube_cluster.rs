@@ -173,7 +173,7 @@ impl Cluster for KubeCluster {
         let key = object_key(ns, name);
         let req = request_for::<K>(ns).get(name, &Default::default());
         match self.call::<K>(&kind_of::<K>(), &key, req).await {
-            Ok(obj) => Ok(Some(obj)),
+            Ok(obj) => Ok(Some(lean(obj))),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
@@ -190,21 +190,21 @@ impl Cluster for KubeCluster {
         }
         let req = request_for::<K>(ns).list(&lp);
         let list: ObjectList<K> = self.call(&kind_of::<K>(), ns.unwrap_or("*"), req).await?;
-        Ok(list.items)
+        Ok(list.items.into_iter().map(lean).collect())
     }
 
     async fn create<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
         let (ns, name) = meta_key(obj);
         let key = object_key(ns.as_deref(), &name);
         let req = request_for::<K>(ns.as_deref()).create(&post_params(), body(obj, &key)?);
-        self.call(&kind_of::<K>(), &key, req).await
+        self.call(&kind_of::<K>(), &key, req).await.map(lean)
     }
 
     async fn replace<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
         let (ns, name) = meta_key(obj);
         let key = object_key(ns.as_deref(), &name);
         let req = request_for::<K>(ns.as_deref()).replace(&name, &post_params(), body(obj, &key)?);
-        self.call(&kind_of::<K>(), &key, req).await
+        self.call(&kind_of::<K>(), &key, req).await.map(lean)
     }
 
     async fn replace_status<K: Object>(&self, obj: &K) -> Result<K, ClusterError> {
@@ -216,7 +216,7 @@ impl Cluster for KubeCluster {
             &post_params(),
             body(obj, &key)?,
         );
-        self.call(&kind_of::<K>(), &key, req).await
+        self.call(&kind_of::<K>(), &key, req).await.map(lean)
     }
 
     async fn patch<K: Object>(
@@ -227,7 +227,7 @@ impl Cluster for KubeCluster {
     ) -> Result<K, ClusterError> {
         let key = object_key(ns, name);
         let req = request_for::<K>(ns).patch(name, &patch_params(), &Patch::Merge(patch));
-        self.call(&kind_of::<K>(), &key, req).await
+        self.call(&kind_of::<K>(), &key, req).await.map(lean)
     }
 
     async fn patch_status<K: Object>(
@@ -243,7 +243,7 @@ impl Cluster for KubeCluster {
             &patch_params(),
             &Patch::Merge(patch),
         );
-        self.call(&kind_of::<K>(), &key, req).await
+        self.call(&kind_of::<K>(), &key, req).await.map(lean)
     }
 
     async fn delete<K: Object>(
@@ -358,6 +358,18 @@ impl Cluster for KubeCluster {
     }
 }
 
+/// The object without `metadata.managedFields`, as every read and write result is handed on
+/// (controller-runtime's `TransformStripManagedFields`). The server's field ownership is
+/// nothing kpssh reads, and held in the watch-fed stores it cost more than the objects
+/// themselves: each entry's `fieldsV1` is a tree of `serde_json` maps, several KiB per
+/// object, for 10,000 SSHHosts and 10,000 Nodes held twice (issue #26). Writing a stripped
+/// object back is safe: the API server keeps the live object's managedFields when an update
+/// carries none (so that clients unaware of the field cannot wipe it).
+fn lean<K: Object>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
+}
+
 fn post_params() -> PostParams {
     PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -395,14 +407,14 @@ async fn watch_loop<K: Object>(
                 continue;
             }
             Ok(watcher::Event::InitApply(o)) => {
-                listing.get_or_insert_with(Vec::new).push(o);
+                listing.get_or_insert_with(Vec::new).push(lean(o));
                 continue;
             }
             Ok(watcher::Event::InitDone) => {
                 Ok(WatchEvent::Restarted(listing.take().unwrap_or_default()))
             }
-            Ok(watcher::Event::Apply(o)) => Ok(WatchEvent::Applied(o)),
-            Ok(watcher::Event::Delete(o)) => Ok(WatchEvent::Deleted(o)),
+            Ok(watcher::Event::Apply(o)) => Ok(WatchEvent::Applied(lean(o))),
+            Ok(watcher::Event::Delete(o)) => Ok(WatchEvent::Deleted(lean(o))),
             Err(e) => Err(watch_error(&kind, &key, e)),
         };
         if tx.send(out).await.is_err() {

@@ -35,17 +35,21 @@ impl Limits {
         }
     }
 
-    /// Wait for a probe slot and a dial slot.
-    pub async fn probe(&self) -> OwnedSemaphorePermit {
+    /// Wait for a probe slot, then for a dial slot if `dials()` says the probe opens a new
+    /// SSH connection (`!transport.pooled(target)`): the pacer spaces new connections, and a
+    /// probe over a pooled one opens none. `dials` is asked once the slot is held, since a
+    /// connection can be pooled or evicted while the probe waits for it.
+    pub async fn probe(&self, dials: impl FnOnce() -> bool) -> OwnedSemaphorePermit {
         let permit = acquire(&self.probes).await;
-        self.dials.wait().await;
+        self.pace(dials).await;
         permit
     }
 
-    /// Wait for a phase slot and a dial slot.
-    pub async fn phase(&self) -> OwnedSemaphorePermit {
+    /// Wait for a phase slot, then for a dial slot if `dials()` says so (as for
+    /// [`Limits::probe`]).
+    pub async fn phase(&self, dials: impl FnOnce() -> bool) -> OwnedSemaphorePermit {
         let permit = self.phase_slot().await;
-        self.dials.wait().await;
+        self.pace(dials).await;
         permit
     }
 
@@ -56,16 +60,20 @@ impl Limits {
         acquire(&self.phases).await
     }
 
-    /// Wait for a leave slot and a dial slot.
-    pub async fn leave(&self) -> OwnedSemaphorePermit {
+    /// Wait for a leave slot, then for a dial slot if `dials()` says so (as for
+    /// [`Limits::probe`]).
+    pub async fn leave(&self, dials: impl FnOnce() -> bool) -> OwnedSemaphorePermit {
         let permit = acquire(&self.leaves).await;
-        self.dials.wait().await;
+        self.pace(dials).await;
         permit
     }
 
-    /// Wait for a dial slot only (a session under a phase slot already held).
-    pub async fn dial(&self) {
-        self.dials.wait().await;
+    /// Wait for a dial slot if `dials()` says the call opens a new connection (a session under
+    /// a phase slot already held).
+    pub async fn pace(&self, dials: impl FnOnce() -> bool) {
+        if dials() {
+            self.dials.wait().await;
+        }
     }
 }
 
@@ -151,5 +159,38 @@ mod tests {
         }
         // 20 dials at 10/s: the last one goes at 1.9s.
         assert_eq!(last - start, Duration::from_millis(1900));
+    }
+
+    /// Only probes that open a new connection wait for the dial rate: ten probes over pooled
+    /// connections all start at once at 1 dial a second, while ten that dial take 9 s. (Before
+    /// the fix every probe took a dial slot: the pooled ten took 9 s too.)
+    #[tokio::test(start_paused = true)]
+    async fn probes_over_pooled_connections_do_not_wait_for_the_dial_rate() {
+        let limits = Limits::new(&Config {
+            ssh_dials_per_second: 1,
+            ..Config::default()
+        });
+        let start = Instant::now();
+        let run = |dials: bool| {
+            let limits = limits.clone();
+            tokio::spawn(async move {
+                let _permit = limits.probe(|| dials).await;
+                Instant::now()
+            })
+        };
+        let pooled: Vec<_> = (0..10).map(|_| run(false)).collect();
+        for h in pooled {
+            assert_eq!(h.await.expect("task"), start, "a pooled probe is not paced");
+        }
+        let dialling: Vec<_> = (0..10).map(|_| run(true)).collect();
+        let mut last = start;
+        for h in dialling {
+            last = last.max(h.await.expect("task"));
+        }
+        assert_eq!(
+            last - start,
+            Duration::from_secs(9),
+            "ten dials at 1 a second"
+        );
     }
 }

@@ -69,6 +69,7 @@ pub fn random_scenario(seed: u64) -> Scenario {
         max_concurrent_probes: *d.pick(&[4, 64]),
         ssh_dials_per_second: *d.pick(&[10, 50]),
         node_repair: d.chance(0.5),
+        ..ControllerLimits::default()
     };
     // A partition (20–45 minutes) needs a run long enough to see it end, and repair's
     // 30-minute toleration pass.

@@ -6,6 +6,7 @@ pub mod generate;
 pub mod host;
 pub mod kubelet;
 mod mirror;
+pub mod pool;
 pub mod report;
 pub mod run;
 pub mod scenario;

@@ -45,6 +45,9 @@ pub struct ControllerLimits {
     pub max_concurrent_phases: usize,
     pub max_concurrent_probes: usize,
     pub ssh_dials_per_second: u32,
+    /// Cap on pooled SSH connections (`--max-ssh-connections`): a probe over a pooled
+    /// connection does not dial, so does not wait for `sshDialsPerSecond`.
+    pub max_ssh_connections: usize,
     /// Node repair (`--node-repair`, upstream's NodeRepair feature gate; off by default).
     pub node_repair: bool,
 }
@@ -56,6 +59,7 @@ impl Default for ControllerLimits {
             max_concurrent_phases: c.max_concurrent_phases,
             max_concurrent_probes: c.max_concurrent_probes,
             ssh_dials_per_second: c.ssh_dials_per_second,
+            max_ssh_connections: crate::ssh::pool::PoolConfig::default().max_connections,
             node_repair: crate::karpenter::KarpenterConfig::default().node_repair,
         }
     }
@@ -572,28 +576,42 @@ impl Scenario {
 
     /// Probing every host once per interval must fit in the dial rate, with room left for
     /// phases; otherwise every probe, and with it every zombie and token check, runs late.
+    /// Only probes that dial count: when every host's connection stays pooled between two
+    /// probes (the fleet within `maxSshConnections`, the interval under the pool's idle
+    /// timeout), a steady fleet dials only after faults and restarts, and the dial rate bounds
+    /// the first sweep only. Otherwise the pool keeps the least recently used out, which is
+    /// the next host a round-robin sweep probes: every probe dials.
     fn validate_limits(&self) -> Result<(), String> {
         let l = &self.controller;
         if l.max_concurrent_phases == 0
             || l.max_concurrent_probes == 0
             || l.ssh_dials_per_second == 0
+            || l.max_ssh_connections == 0
         {
-            return Err("controller: maxConcurrentPhases, maxConcurrentProbes and sshDialsPerSecond must be positive".into());
+            return Err("controller: maxConcurrentPhases, maxConcurrentProbes, sshDialsPerSecond and maxSshConnections must be positive".into());
         }
         if self.probe_interval.is_zero() {
             return Err("probeInterval must be positive".into());
+        }
+        let idle = crate::ssh::pool::PoolConfig::default().idle_timeout;
+        if self.hosts() <= l.max_ssh_connections && self.probe_interval < idle {
+            return Ok(());
         }
         let needed = self.hosts() as f64 / self.probe_interval.as_secs_f64();
         let budget = f64::from(l.ssh_dials_per_second) * PROBE_DIAL_SHARE;
         if needed > budget {
             return Err(format!(
-                "probing {} hosts every {:?} needs {needed:.1} SSH dials per second, more than {:.0}% of controller.sshDialsPerSecond ({}); raise sshDialsPerSecond to at least {} or probeInterval to at least {}s",
+                "probing {} hosts every {:?} needs {needed:.1} SSH dials per second (the pool of {} connections, idle {}s, cannot keep them all), more than {:.0}% of controller.sshDialsPerSecond ({}); raise sshDialsPerSecond to at least {}, probeInterval to at least {}s, or maxSshConnections to at least {} with probeInterval under {}s",
                 self.hosts(),
                 self.probe_interval,
+                l.max_ssh_connections,
+                idle.as_secs(),
                 PROBE_DIAL_SHARE * 100.0,
                 l.ssh_dials_per_second,
                 (needed / PROBE_DIAL_SHARE).ceil(),
                 (self.hosts() as f64 / budget).ceil(),
+                self.hosts(),
+                idle.as_secs(),
             ));
         }
         Ok(())
@@ -733,11 +751,25 @@ mod tests {
             err.contains("raise sshDialsPerSecond to at least 105"),
             "{err}"
         );
+        assert!(err.contains("maxSshConnections to at least 10000"), "{err}");
         s.controller.ssh_dials_per_second = 105;
         s.validate().expect("enough dials");
         s.controller.ssh_dials_per_second = 50;
         s.probe_interval = Duration::from_secs(300);
         s.validate().expect("5m fits 50 dials/s");
+        // Every host's connection stays pooled between its probes: steady probes dial not.
+        s.probe_interval = Duration::from_secs(120);
+        s.controller.max_ssh_connections = 10_000;
+        s.validate()
+            .expect("a pooled fleet probes without dialling");
+        s.controller.ssh_dials_per_second = 1;
+        s.validate()
+            .expect("the dial rate bounds only the first sweep");
+        s.probe_interval = Duration::from_secs(300);
+        let err = s
+            .validate()
+            .expect_err("idle past the pool's timeout: every probe dials");
+        assert!(err.contains("sshDialsPerSecond"), "{err}");
         // Fields left out keep the controller's defaults.
         let yaml = "duration: 1h\ncontroller: {maxConcurrentPhases: 256}\nclasses: [{name: a, count: 1, cpu: 1}]";
         let parsed = Scenario::from_yaml(yaml).expect("partial controller section");

@@ -17,8 +17,10 @@ use rand_chacha::ChaCha8Rng;
 
 use super::host::{ExecRecord, SimHost, SimPhase, parse_exports};
 use super::kubelet::node_from_env;
+use super::pool::SimPool;
 use crate::api::{HostState, NodeClaim, SSHHost};
 use crate::k8s::{Cluster, ClusterError, MemoryCluster};
+use crate::ssh::pool::PoolConfig;
 use crate::ssh::probe::parse_probe_output;
 use crate::ssh::{
     CommandOutput, HostKeyPin, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
@@ -69,6 +71,25 @@ struct Link {
     phase_latency: Duration,
     /// The host's power cuts when the session opened.
     power_cuts: u64,
+    /// The pooled connection in use until the call ends.
+    _pooled: PoolUse,
+}
+
+/// A call's use of its host's pooled connection: released (marked used now) when dropped,
+/// also when the controller's task running the call is aborted.
+struct PoolUse {
+    hosts: Arc<Mutex<Fleet>>,
+    key: String,
+    /// The connection the call used (a crashed controller's calls release nothing of the
+    /// next controller's connections).
+    conn: u64,
+}
+
+impl Drop for PoolUse {
+    fn drop(&mut self) {
+        let mut fleet = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        fleet.pool.release(&self.key, self.conn);
+    }
 }
 
 /// The simulated hosts in the order they were added, found by address, and the running
@@ -81,6 +102,8 @@ struct Fleet {
     by_address: HashMap<String, usize>,
     /// Address → slot of every host whose kubelet runs (address order, as before).
     kubelets: BTreeMap<String, usize>,
+    /// The controller's SSH connections to the hosts, as the real transport pools them.
+    pool: SimPool,
 }
 
 impl Fleet {
@@ -166,6 +189,27 @@ impl SimTransport {
             joined_as: Arc::new(Mutex::new(HashMap::new())),
             leaves_running: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// The connection pool's limits (the real transport's `--max-ssh-connections` and idle
+    /// timeout; [`PoolConfig::default`] unless set).
+    pub fn set_pool(&self, config: PoolConfig) {
+        self.lock().pool.set_config(config);
+    }
+
+    /// SSH connections dialled so far (calls that found no pooled connection to reuse).
+    pub fn dials(&self) -> u64 {
+        self.lock().pool.dials()
+    }
+
+    /// SSH connections pooled now.
+    pub fn pooled_connections(&self) -> usize {
+        self.lock().pool.len()
+    }
+
+    /// The controller process died: its pooled connections went with it.
+    pub fn drop_connections(&self) {
+        self.lock().pool.clear();
     }
 
     /// Leaves running on hosts now, fleet-wide.
@@ -277,26 +321,33 @@ impl SimTransport {
     /// Connect: power, reachability and the host-key pin (S3: a mismatch opens no session).
     /// Returns what the session sees of the host, not a copy of all of it (its command log
     /// included): a probe is the simulation's hottest path.
+    ///
+    /// The session reuses the host's pooled connection or dials one (see [`SimPool`]);
+    /// either way it takes as long (`handshake_delay` is a slow or hanging host, which a
+    /// pooled connection meets on its channel open too).
     fn connect(&self, target: &HostTarget, probe: bool) -> Result<Link, TransportError> {
         let mut fleet = self.lock();
-        let host = fleet
-            .get_mut(&target.address)
-            .ok_or_else(|| TransportError::DialRefused {
-                host: target.host.clone(),
-                address: target.address.clone(),
-            })?;
+        let identity = target.connection_identity();
+        let slot = fleet.by_address.get(&target.address).copied();
+        let Fleet { slots, pool, .. } = &mut *fleet;
+        let host = slot.and_then(|i| slots.get_mut(i));
+        let connects = host.as_ref().map(|h| {
+            let up = h.reachable && h.powered;
+            (up, h.power_cuts, up && pin_matches(target, h))
+        });
+        let (up, cuts, ok) = connects.unwrap_or((false, 0, false));
+        let (_, conn) = pool.checkout(&target.host, identity, up, cuts, ok);
+        let host = host.ok_or_else(|| TransportError::DialRefused {
+            host: target.host.clone(),
+            address: target.address.clone(),
+        })?;
         if !host.reachable || !host.powered {
             return Err(TransportError::DialRefused {
                 host: target.host.clone(),
                 address: target.address.clone(),
             });
         }
-        let expected = match &target.pin {
-            HostKeyPin::Fingerprint(f) => Some(f.as_str()),
-            HostKeyPin::KnownHost(k) if k.starts_with("SHA256:") => Some(k.as_str()),
-            _ => None,
-        };
-        if let Some(e) = expected.filter(|e| *e != host.fingerprint) {
+        if let Some(e) = expected_fingerprint(target).filter(|e| *e != host.fingerprint) {
             return Err(TransportError::HostKeyMismatch {
                 host: target.host.clone(),
                 expected: e.to_string(),
@@ -316,6 +367,11 @@ impl SimTransport {
             hang: host.hang.clone(),
             phase_latency: host.phase_latency,
             power_cuts: host.power_cuts,
+            _pooled: PoolUse {
+                hosts: self.hosts.clone(),
+                key: target.host.clone(),
+                conn,
+            },
         })
     }
 
@@ -494,7 +550,36 @@ impl Transport for SimTransport {
         .await
     }
 
-    async fn forget(&self, _host: &str) {}
+    fn pooled(&self, target: &HostTarget) -> bool {
+        let fleet = self.lock();
+        fleet.get(&target.address).is_some_and(|h| {
+            let identity = target.connection_identity();
+            fleet.pool.holds(
+                &target.host,
+                identity,
+                h.reachable && h.powered,
+                h.power_cuts,
+            )
+        })
+    }
+
+    async fn forget(&self, host: &str) {
+        self.lock().pool.remove(host);
+    }
+}
+
+/// Whether the host presents the key `target` pins (trust-on-first-use and known_host lines
+/// other than a fingerprint accept any).
+fn pin_matches(target: &HostTarget, host: &SimHost) -> bool {
+    expected_fingerprint(target).is_none_or(|e| e == host.fingerprint)
+}
+
+fn expected_fingerprint(target: &HostTarget) -> Option<&str> {
+    match &target.pin {
+        HostKeyPin::Fingerprint(f) => Some(f.as_str()),
+        HostKeyPin::KnownHost(k) if k.starts_with("SHA256:") => Some(k.as_str()),
+        _ => None,
+    }
 }
 
 impl SimTransport {

@@ -165,6 +165,8 @@ impl World {
         self.router.kill();
         self.nodeclasses.kill();
         let restart_karpenter = self.karpenter.take().is_some();
+        // The new process starts with no SSH connections: every host is dialled again.
+        self.transport.drop_connections();
         tokio::time::sleep(Duration::from_millis(1)).await;
         let ctx = Context::new(
             self.cluster.clone(),

@@ -20,7 +20,6 @@
 //!   bytes are kept, the earlier ones dropped and counted, so memory stays bounded whatever the
 //!   host prints and what is quoted is the end of the output.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -154,13 +153,7 @@ impl client::Handler for Client {
 }
 
 fn identity(target: &HostTarget) -> u64 {
-    let mut h = DefaultHasher::new();
-    let mut t = Some(target);
-    while let Some(x) = t {
-        (&x.address, x.port, &x.user, x.key.expose()).hash(&mut h);
-        t = x.jump.as_deref();
-    }
-    h.finish()
+    target.connection_identity()
 }
 
 /// The pool key of a bastion connection: who logs in where, and with which key (its public
@@ -823,6 +816,12 @@ impl Transport for RusshTransport {
         self.exec_with_fingerprint(target, cmd)
             .await
             .map(|(o, _, _)| o)
+    }
+
+    fn pooled(&self, target: &HostTarget) -> bool {
+        // A host behind a bastion reuses the bastion's connection when it dials, but that
+        // dial still opens a new SSH session to the host: only the host's own entry counts.
+        self.pool.holds(&target.host, identity(target))
     }
 
     async fn forget(&self, host: &str) {

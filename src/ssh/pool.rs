@@ -204,6 +204,21 @@ impl<C: Pooled> Pool<C> {
         Ok((conn, Origin::Dialled))
     }
 
+    /// Whether a call for `key` with `identity` would reuse a pooled connection now, i.e.
+    /// [`Pool::get_or_dial`] would not dial: an open connection for the same identity that is
+    /// in use or was used within the idle timeout. A cheap read (no sweep, no lock held
+    /// across an await); the answer can be stale by the time the call runs (the connection
+    /// evicted or found dead meanwhile), so it is a hint for pacing, never a promise.
+    pub fn holds(&self, key: &str, identity: u64) -> bool {
+        let now = Instant::now();
+        let idle = self.shared.config.idle_timeout;
+        lock(&self.shared.inner).entries.get(key).is_some_and(|e| {
+            e.identity == identity
+                && e.conn.is_open()
+                && (Arc::strong_count(&e.conn) > 1 || now.duration_since(e.last_used) < idle)
+        })
+    }
+
     /// Mark `key` as used now (call when a call on its connection finishes).
     pub fn touch(&self, key: &str) {
         if let Some(e) = lock(&self.shared.inner).entries.get_mut(key) {
@@ -362,6 +377,24 @@ mod tests {
         );
         assert_eq!(p.len(), 2);
         assert!(busy.is_open(), "in-use connection is never evicted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn holds_tells_whether_a_call_would_dial() {
+        let p = pool(10, 60);
+        assert!(!p.holds("h", 1), "nothing pooled yet");
+        drop(p.get_or_dial("h", 1, || async { fake() }).await.expect("d"));
+        assert!(p.holds("h", 1));
+        assert!(!p.holds("h", 2), "another identity dials");
+        assert!(!p.holds("other", 1));
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        assert!(
+            !p.holds("h", 1),
+            "idle past the timeout: the next call dials"
+        );
+        let (c, _) = p.get_or_dial("h", 1, || async { fake() }).await.expect("d");
+        c.close();
+        assert!(!p.holds("h", 1), "a closed connection is not reused");
     }
 
     #[tokio::test(start_paused = true)]

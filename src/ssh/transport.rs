@@ -4,11 +4,13 @@
 //! (verify its host key, report what it is) and *exec* one command on it (stdin in, capped
 //! stdout/stderr and exit status out, bounded by a timeout). Connections are an implementation
 //! detail of the real transport ([`crate::ssh::RusshTransport`] keeps one per host and reuses
-//! it); [`Transport::forget`] tells it that a host is gone.
+//! it); [`Transport::pooled`] tells whether a call would dial (only dials are paced) and
+//! [`Transport::forget`] tells it that a host is gone.
 //!
 //! Every error names the host (`"ns/name"`) and never contains key material.
 
 use std::future::Future;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
 use crate::secret::Secret;
@@ -43,6 +45,18 @@ impl HostTarget {
             pin: HostKeyPin::TrustOnFirstUse,
             jump: None,
         }
+    }
+
+    /// What a pooled connection was dialled for (address, port, user, key, and the same of
+    /// each jump host): a call whose target hashes differently dials anew.
+    pub fn connection_identity(&self) -> u64 {
+        let mut h = DefaultHasher::new();
+        let mut t = Some(self);
+        while let Some(x) = t {
+            (&x.address, x.port, &x.user, x.key.expose()).hash(&mut h);
+            t = x.jump.as_deref();
+        }
+        h.finish()
     }
 }
 
@@ -337,6 +351,12 @@ pub trait Transport: Send + Sync + 'static {
         target: &HostTarget,
         cmd: RemoteCommand,
     ) -> impl Future<Output = Result<CommandOutput, TransportError>> + Send;
+
+    /// Whether a call to `target` now would reuse a pooled connection instead of dialling a
+    /// new one. The controller paces only dials (`--ssh-dials-per-second`) and asks this once
+    /// it holds a probe or phase slot. A hint: the connection may still be evicted or found
+    /// dead before the call uses it (the call then dials unpaced, once).
+    fn pooled(&self, target: &HostTarget) -> bool;
 
     /// Drop any pooled connection to `host` (`"ns/name"`), e.g. when the SSHHost was deleted or
     /// its spec changed.

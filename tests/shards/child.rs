@@ -82,6 +82,10 @@ impl Transport for Counting {
         self.inner.exec(target, cmd).await
     }
 
+    fn pooled(&self, target: &HostTarget) -> bool {
+        self.inner.pooled(target)
+    }
+
     async fn forget(&self, host: &str) {
         self.inner.forget(host).await
     }

@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use kpssh::api::{HostState, SSHHost};
 use kpssh::k8s::Cluster;
+use kpssh::provider::Config;
 use kpssh::sim::SimHost;
-use kpssh::sim::world::node_claim;
+use kpssh::sim::world::{World, node_claim};
+use kpssh::ssh::pool::PoolConfig;
 
-use super::{MINUTE, world};
+use super::{MINUTE, world, world_with};
 
 const HOSTS: usize = 1000;
 
@@ -125,4 +127,71 @@ async fn s4_a_steady_fleet_reads_its_shared_key_secret_per_refresh_not_per_host(
         "{steady} Secret reads in 2 h by {N} steady hosts"
     );
     assert_eq!(available().await, N);
+}
+
+/// A steady fleet of `n` hosts at 1 SSH dial a second, all probed once; returns (probes per
+/// host-hour, dials) over the following hour.
+async fn steady_hour_at_one_dial_a_second(n: usize, pool_cap: usize) -> (f64, u64) {
+    let w = world_with(Config {
+        ssh_dials_per_second: 1,
+        ..Config::default()
+    })
+    .await;
+    w.transport.set_pool(PoolConfig {
+        max_connections: pool_cap,
+        ..PoolConfig::default()
+    });
+    for i in 0..n {
+        let addr = format!("10.8.{}.{}", i / 256, i % 256);
+        (w.add_host(
+            &format!("p{i:03}"),
+            "small",
+            SimHost::new(&addr, 2, 4_000_000),
+        ))
+        .await
+        .expect("host");
+    }
+    let sessions = |w: &World| w.transport.each(|h| h.sessions).iter().sum::<u64>();
+    let all_probed = w
+        .until(15 * MINUTE, || async {
+            w.transport.each(|h| h.sessions > 0).iter().all(|p| *p)
+        })
+        .await;
+    assert!(all_probed, "every host probed once");
+    let (s0, d0) = (sessions(&w), w.transport.dials());
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let probes = sessions(&w) - s0;
+    (probes as f64 / n as f64, w.transport.dials() - d0)
+}
+
+/// Issue #26: `--ssh-dials-per-second` paces dials, not probes. 300 hosts probed every 2
+/// minutes need 2.5 probes a second; at 1 dial a second the first sweep dials each host once
+/// (5 minutes), and then the probes reuse their pooled connections at the full rate: 30 per
+/// host-hour, no dial. Before the fix every probe took a dial slot: 12 per host-hour.
+#[tokio::test(start_paused = true)]
+async fn s4_steady_probes_over_pooled_connections_are_not_held_to_the_dial_rate() {
+    let (per_host_hour, dials) = steady_hour_at_one_dial_a_second(300, 4096).await;
+    assert!(
+        per_host_hour >= 29.0,
+        "{per_host_hour:.1} probes per host-hour at a 2-minute interval"
+    );
+    assert_eq!(dials, 0, "steady probes over pooled connections dial not");
+}
+
+/// The other side, so that the simulated pool does not hide it: a fleet larger than the pool
+/// (300 hosts, 100 connections) is probed round-robin, so the least recently used
+/// connection the pool evicts is the next one probed: every probe dials, and the dial rate
+/// bounds the probe rate again (1 a second: 12 per host-hour).
+#[tokio::test(start_paused = true)]
+async fn a_fleet_larger_than_the_pool_dials_every_probe_and_is_held_to_the_dial_rate() {
+    let (per_host_hour, dials) = steady_hour_at_one_dial_a_second(300, 100).await;
+    assert!(
+        (11.0..=13.0).contains(&per_host_hour),
+        "{per_host_hour:.1} probes per host-hour"
+    );
+    let probes = (per_host_hour * 300.0).round() as u64;
+    assert!(
+        dials + 2 >= probes && dials <= probes,
+        "{dials} dials for {probes} probes"
+    );
 }

@@ -195,14 +195,16 @@ async fn run_phase_inner<C: Cluster, T: Transport>(
     let waiting = tokio::time::Instant::now();
     let limits = &state.ctx.limits;
     // Under a launch's slot only the dial rate is waited for; counting that as a phase wait
-    // would report one launch as several waits for the phase limit.
+    // would report one launch as several waits for the phase limit. Only a call that opens a
+    // new connection waits for the dial rate (a launch's join reuses its install's).
+    let dials = || !state.ctx.transport.pooled(target);
     let (_permit, limit) = match (phase, &state.launch_slot) {
-        (Phase::Leave, _) => (Some(limits.leave().await), "leave"),
+        (Phase::Leave, _) => (Some(limits.leave(dials).await), "leave"),
         (_, Some(_)) => {
-            limits.dial().await;
+            limits.pace(dials).await;
             (None, "dial")
         }
-        (_, None) => (Some(limits.phase().await), "phase"),
+        (_, None) => (Some(limits.phase(dials).await), "phase"),
     };
     span.record("limiter_wait_ms", millis(waiting));
     state.ctx.metrics.limiter_waited(limit, waiting.elapsed());

@@ -124,7 +124,8 @@ async fn probe_once<C: Cluster, T: Transport>(
         .then(|| state.host.spec.shim_command.clone());
     let result = {
         let waiting = tokio::time::Instant::now();
-        let _permit = state.ctx.limits.probe().await;
+        let transport = &state.ctx.transport;
+        let _permit = state.ctx.limits.probe(|| !transport.pooled(&target)).await;
         state.ctx.metrics.limiter_waited("probe", waiting.elapsed());
         let started = tokio::time::Instant::now();
         let ssh = tracing::info_span!(

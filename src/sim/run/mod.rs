@@ -44,6 +44,7 @@ use crate::k8s::memory::WriteKind;
 use crate::k8s::{Cluster, ClusterError, MemoryCluster, WatchEvent, WatchStream};
 use crate::karpenter::KarpenterConfig;
 use crate::provider::Config;
+use crate::ssh::pool::PoolConfig;
 
 pub const PROFILE: &str = "sim";
 const TOKEN_NS: &str = "kube-system";
@@ -320,6 +321,10 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         .await
         .map_err(|e| e.to_string())?;
     world.transport.seed(seed ^ 0x5151_5151);
+    world.transport.set_pool(PoolConfig {
+        max_connections: sc.controller.max_ssh_connections,
+        ..PoolConfig::default()
+    });
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let cluster = world.cluster.clone();
     let e = |e: ClusterError| e.to_string();
