@@ -354,3 +354,35 @@ fn termination_work_list_follows_deletion_and_drain() {
     apply_nodeclaim(&mut st, Change::Delete(Arc::new(gone)), now());
     assert!(st.terminating.is_empty(), "deleted: no work left");
 }
+
+fn sized_pod(name: &str, rv: u64, cpu: &str) -> Pod {
+    let mut p = crate::sim::world::pod(name, cpu, "1Gi");
+    p.metadata.resource_version = Some(rv.to_string());
+    p.metadata.uid = Some(format!("uid-{name}"));
+    p
+}
+
+#[test]
+fn a_pods_info_is_kept_until_the_pod_changes() {
+    let mut st = Inner::default();
+    let p1 = sized_pod("a", 1, "1");
+    apply_pod(&mut st, Change::Upsert(p1.clone()), now());
+    let held = |st: &Inner| st.pods.values().next().cloned().expect("pod");
+    let first = st.pod_info(&held(&st));
+    assert_eq!(first.cpu(), 1000);
+    assert!(
+        Arc::ptr_eq(&first, &st.pod_info(&held(&st))),
+        "the same version is read once"
+    );
+    // Not the version the view holds (an older copy): read afresh, not from the cache.
+    let mut stale = p1.clone();
+    stale.metadata.resource_version = Some("0".into());
+    assert!(!Arc::ptr_eq(&first, &st.pod_info(&stale)));
+    // A new version of the pod: its new requests, not the kept ones.
+    apply_pod(&mut st, Change::Upsert(sized_pod("a", 2, "2")), now());
+    assert_eq!(st.pod_info(&held(&st)).cpu(), 2000);
+    // Deleted and created again under the same name and version: another pod.
+    apply_pod(&mut st, Change::Delete(sized_pod("a", 2, "2")), now());
+    apply_pod(&mut st, Change::Upsert(sized_pod("a", 2, "3")), now());
+    assert_eq!(st.pod_info(&held(&st)).cpu(), 3000);
+}

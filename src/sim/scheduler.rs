@@ -168,15 +168,15 @@ async fn pass<C: Cluster>(
                 ..Default::default()
             };
             for p in st.pods_on(&name).filter(|p| pods::counts_on_node(p)) {
-                sim.add(&PodInfo::new(p));
+                sim.add(&st.pod_info(p));
             }
             nodes.push(sim);
         }
-        let pending: Vec<Pod> = st
+        let pending: Vec<(Pod, PodInfo)> = st
             .pods
             .values()
             .filter(|p| pods::node_name(p).is_none() && p.metadata.deletion_timestamp.is_none())
-            .cloned()
+            .map(|p| (p.clone(), PodInfo::clone(&st.pod_info(p))))
             .collect();
         let to_run: Vec<Pod> = st
             .pods
@@ -186,7 +186,7 @@ async fn pass<C: Cluster>(
             .collect();
         (nodes, pending, to_run)
     };
-    let infos: Vec<PodInfo> = pending.iter().map(PodInfo::new).collect();
+    let (pending, infos): (Vec<Pod>, Vec<PodInfo>) = pending.into_iter().unzip();
     // S56: spread and pod (anti-)affinity on any key, over the Ready nodes, as the
     // kube-scheduler's PodTopologySpread and InterPodAffinity filters.
     let read_namespaces = topology::needs_namespaces(infos.iter());

@@ -336,3 +336,36 @@ async fn s54_inflight_claim_whose_type_left_the_offers_still_absorbs_its_pods() 
             .count();
     assert_eq!(launching, 1);
 }
+
+/// A provisioning round over unchanged inputs is skipped (#24), but hosts are one of its
+/// inputs though the cluster state does not hold them: a pod pending because the class has
+/// no host at all, with nothing else moving for minutes, gets its node once hosts appear.
+#[tokio::test(start_paused = true)]
+async fn s36_a_pod_waiting_for_hosts_is_provisioned_when_only_the_hosts_change() {
+    let e = env().await;
+    e.w.cluster
+        .create(&nodepool("default"))
+        .await
+        .expect("nodepool");
+    e.w.cluster
+        .create(&pod("early", "1", "1Gi"))
+        .await
+        .expect("pod");
+    // Many retries with nothing new: no host, no claim.
+    tokio::time::sleep(3 * MINUTE).await;
+    assert!(claims(&e).await.is_empty(), "no host, no NodeClaim");
+    let told = |e: &Env| {
+        e.w.cluster
+            .events()
+            .iter()
+            .filter(|ev| ev.reason == "FailedProvisioning")
+            .count()
+    };
+    assert_eq!(told(&e), 1, "told once: {:?}", reasons(&e));
+    hosts(&e, "h", "small", 1, 2, 4, 52).await;
+    let ok =
+        e.w.until(2 * MINUTE, || async { running(&e).await == 1 })
+            .await;
+    assert!(ok, "the pod runs on the new host: {:?}", reasons(&e));
+    assert_eq!(claims(&e).await.len(), 1);
+}

@@ -127,7 +127,7 @@ pub(super) fn collect<C: Cluster, T: Transport>(
         .pods
         .values()
         .filter(|p| pods::is_provisionable(p))
-        .map(PodInfo::new)
+        .map(|p| PodInfo::clone(&st.pod_info(p)))
         .collect();
     let mine: Vec<&NodeClaim> = st
         .nodeclaims

@@ -33,7 +33,7 @@ pub fn moving_pods(st: &Inner, node: &str) -> Vec<PodInfo> {
     let mut moving: Vec<PodInfo> = st
         .pods_on(node)
         .filter(|p| pods::is_reschedulable(p))
-        .map(PodInfo::new)
+        .map(|p| PodInfo::clone(&st.pod_info(p)))
         .collect();
     sort_pods(&mut moving);
     moving
@@ -86,7 +86,7 @@ fn other_nodes(st: &Inner) -> (Vec<SimNode>, Vec<PodInfo>) {
                         .iter()
                         .filter(|p| pods::is_reschedulable(p))
                         .filter(|p| p.metadata.deletion_timestamp.is_none())
-                        .map(|p| PodInfo::new(p)),
+                        .map(|p| PodInfo::clone(&st.pod_info(p))),
                 );
             }
             continue;
@@ -131,7 +131,7 @@ fn other_nodes(st: &Inner) -> (Vec<SimNode>, Vec<PodInfo>) {
             ..Default::default()
         };
         for p in bound.iter().filter(|p| pods::counts_on_node(p)) {
-            sim.add(&PodInfo::new(p));
+            sim.add(&st.pod_info(p));
         }
         out.push(sim);
     }
@@ -194,7 +194,7 @@ impl Elsewhere {
             .pods
             .values()
             .filter(|p| awaiting_a_node(p))
-            .map(PodInfo::new)
+            .map(|p| PodInfo::clone(&st.pod_info(p)))
             .collect();
         sort_pods(&mut pending);
         for i in view.reserve(pending) {

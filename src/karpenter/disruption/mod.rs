@@ -171,7 +171,7 @@ impl Round {
             .flatten()
             .filter_map(|k| st.pods.get(k))
             .filter(|p| pods::is_reschedulable(p) && pods::node_name(p) == Some(node))
-            .map(PodInfo::new)
+            .map(|p| PodInfo::clone(&st.pod_info(p)))
             .collect();
         sort_pods(&mut moving);
         moving

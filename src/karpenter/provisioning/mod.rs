@@ -71,6 +71,23 @@ pub struct Provisioner<C: Cluster, T: Transport> {
     planned: BTreeMap<(String, String), String>,
     /// S59: core's Nominated events.
     nominator: nominate::Nominator,
+    /// What the last round read and reported, if it changed nothing (see [`Inputs`]).
+    idle: Option<(Inputs, ProvisionReport)>,
+}
+
+/// Versions of everything a provisioning round reads, other than the provisioner's own
+/// memory: the cluster state (pods, NodePools, NodeClaims, Nodes, DaemonSets), the host view
+/// (instance types, free hosts, claims holding hosts) and each node class the pools name, by
+/// resourceVersion. A round over the same inputs that created nothing, told nothing new and
+/// planned the same decides the same again, so it is skipped: while a NodePool's limits hold
+/// pods pending, the retry every `provision_retry` used to rebuild the whole plan.
+/// PersistentVolumes and namespaces are not versioned here: a round that read them is never
+/// skipped.
+#[derive(Debug, Clone, PartialEq)]
+struct Inputs {
+    state: (u64, u64),
+    hosts: u64,
+    classes: Vec<(String, Option<String>)>,
 }
 
 const POLL: Duration = Duration::from_millis(100);
@@ -85,6 +102,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             volumes: volumes::VolumeTopology::default(),
             planned: BTreeMap::new(),
             nominator: nominate::Nominator::default(),
+            idle: None,
         }
     }
 
@@ -112,31 +130,97 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
     /// One round over every provisionable pod.
     #[tracing::instrument(skip_all)]
     pub async fn provision_once(&mut self) -> Result<ProvisionReport, KarpenterError> {
-        let (mut pods, pools, claims) = {
+        let (version, any, pools) = {
+            let st = self.state.read();
+            let any = st.pods.values().any(super::pods::is_provisionable);
+            let pools: Vec<NodePool> = if any {
+                (st.nodepools.values())
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .cloned()
+                    .collect()
+            } else {
+                vec![]
+            };
+            (st.version(), any, pools)
+        };
+        if !any {
+            // Nothing pending: no copy of the NodeClaims and NodePools.
+            return Ok(ProvisionReport::default());
+        }
+        let hosts = self.ctx.hosts.version();
+        let classes = self.classes(&pools).await?;
+        let inputs = Inputs {
+            state: version,
+            hosts,
+            classes: (classes.iter())
+                .map(|(n, c)| {
+                    let rv = c.as_ref().and_then(|c| c.metadata.resource_version.clone());
+                    (n.clone(), rv)
+                })
+                .collect(),
+        };
+        if let Some((seen, report)) = &self.idle
+            && *seen == inputs
+        {
+            return Ok(report.clone());
+        }
+        self.idle = None;
+        let told = self.told.len();
+        let planned = self.planned.clone();
+        let (report, reread) = self.round(pools, classes).await?;
+        if report.created.is_empty()
+            && !reread
+            && self.told.len() == told
+            && self.planned == planned
+        {
+            self.idle = Some((inputs, report.clone()));
+        }
+        Ok(report)
+    }
+
+    /// The node class each pool names, read once per round.
+    async fn classes(
+        &self,
+        pools: &[NodePool],
+    ) -> Result<BTreeMap<String, Option<SSHNodeClass>>, KarpenterError> {
+        let mut classes = BTreeMap::new();
+        for pool in pools {
+            let class_name = &pool.spec.template.spec.node_class_ref.name;
+            if !classes.contains_key(class_name) {
+                let c = self
+                    .ctx
+                    .cluster
+                    .get::<SSHNodeClass>(None, class_name)
+                    .await?;
+                classes.insert(class_name.clone(), c);
+            }
+        }
+        Ok(classes)
+    }
+
+    /// The round itself, and whether it read what [`Inputs`] does not version (volumes,
+    /// namespaces).
+    async fn round(
+        &mut self,
+        pools: Vec<NodePool>,
+        classes: BTreeMap<String, Option<SSHNodeClass>>,
+    ) -> Result<(ProvisionReport, bool), KarpenterError> {
+        let (mut pods, claims) = {
             let st = self.state.read();
             let pods: Vec<PodInfo> = st
                 .pods
                 .values()
                 .filter(|p| super::pods::is_provisionable(p))
-                .map(PodInfo::new)
+                .map(|p| PodInfo::clone(&st.pod_info(p)))
                 .collect();
-            if pods.is_empty() {
-                // Nothing pending: no copy of the NodeClaims and NodePools.
-                return Ok(ProvisionReport::default());
-            }
-            let pools: Vec<NodePool> = st
-                .nodepools
-                .values()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .cloned()
-                .collect();
-            (pods, pools, st.nodeclaims.clone())
+            (pods, st.nodeclaims.clone())
         };
         let mut report = ProvisionReport {
             pending: pods.len(),
             ..Default::default()
         };
         super::scheduling::sort_pods(&mut pods);
+        let mut reread = pods.iter().any(|p| !p.claims.is_empty());
         self.volumes.resolve(&self.ctx, &mut pods).await?;
         // Unsupported constraints: never ignored silently.
         let mut supported = vec![];
@@ -151,12 +235,13 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             }
         }
         // S64: why pools cannot launch now, told to every pod left pending.
-        let (offers, blocked) = self.offers(&pools).await?;
+        let (offers, blocked) = self.offers(&pools, &classes);
         let types: BTreeMap<String, InstanceType> = offers
             .iter()
             .flat_map(|o| o.types.iter().map(|t| (t.name.clone(), t.clone())))
             .collect();
         let namespaces = if super::topology::needs_namespaces(supported.iter()) {
+            reread = true;
             namespace_labels(&self.ctx.cluster).await?
         } else {
             BTreeMap::new()
@@ -207,7 +292,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
                 "provisioned"
             );
         }
-        Ok(report)
+        Ok((report, reread))
     }
 
     async fn tell(&mut self, pod: &PodInfo, reason: &str, msg: &str) {
@@ -234,13 +319,13 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
     /// For each NodePool (by weight, then name) the instance types of its node class, and
     /// why the pools that cannot launch now cannot (S64; a pool whose class is missing or not
     /// Ready gets no offer, so no NodeClaim is created and deleted again and again).
-    async fn offers(
+    fn offers(
         &self,
         pools: &[NodePool],
-    ) -> Result<(Vec<PoolOffer>, Vec<String>), KarpenterError> {
+        classes: &BTreeMap<String, Option<SSHNodeClass>>,
+    ) -> (Vec<PoolOffer>, Vec<String>) {
         use crate::provider::availability::{class_blocker, no_host};
         let hosts = self.ctx.hosts.snapshot();
-        let mut classes: BTreeMap<String, Option<SSHNodeClass>> = BTreeMap::new();
         let daemonsets = {
             let st = self.state.read();
             st.daemonsets.values().cloned().collect::<Vec<_>>()
@@ -249,14 +334,6 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
         let mut blocked = vec![];
         for pool in pools {
             let class_name = &pool.spec.template.spec.node_class_ref.name;
-            if !classes.contains_key(class_name) {
-                let c = self
-                    .ctx
-                    .cluster
-                    .get::<SSHNodeClass>(None, class_name)
-                    .await?;
-                classes.insert(class_name.clone(), c);
-            }
             let pool_name = pool.metadata.name.as_deref().unwrap_or_default();
             // As upstream skips a NodePool that is not Ready: one that fails runtime
             // validation (ValidationSucceeded=False) launches nothing.
@@ -287,7 +364,7 @@ impl<C: Cluster, T: Transport> Provisioner<C, T> {
             offers.push(PoolOffer::new(pool, class, types, &daemonsets));
         }
         offers.sort_by(|a, b| b.weight.cmp(&a.weight).then_with(|| a.pool.cmp(&b.pool)));
-        Ok((offers, blocked))
+        (offers, blocked)
     }
 
     /// Claimable hosts per instance type and offering, less the claims not yet holding a
@@ -497,7 +574,7 @@ pub fn count_cluster(
             .and_then(|s| s.taints.as_ref())
             .unwrap_or(&NONE);
         let name = node.metadata.name.clone().unwrap_or_default();
-        topo.count_existing(&PodInfo::new(p), &name, &labels, taints, namespaces);
+        topo.count_existing(&st.pod_info(p), &name, &labels, taints, namespaces);
     }
 }
 

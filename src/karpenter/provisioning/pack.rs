@@ -443,7 +443,7 @@ pub fn inflight_nodes(
                 sim.allocatable = alloc;
                 let name = node.metadata.name.clone().unwrap_or_default();
                 for p in st.pods_on(&name).filter(|p| pods::counts_on_node(p)) {
-                    sim.add(&PodInfo::new(p));
+                    sim.add(&st.pod_info(p));
                 }
             }
             None => {
