@@ -196,6 +196,11 @@ impl Inner {
         &self.unregistered
     }
 
+    /// The names of the claims (not being deleted) whose `status.nodeName` is `node`.
+    pub fn claims_on_node<'a>(&'a self, node: &str) -> impl Iterator<Item = &'a String> + 'a {
+        self.claims_by_node.by_name.get(node).into_iter().flatten()
+    }
+
     /// The claims (not being deleted) that name a Node whose Ready condition is there and
     /// not True, by `status.nodeName` or provider ID, in name order: node repair's candidates,
     /// a superset of the claims whose [`Inner::node_of`] is such a Node.

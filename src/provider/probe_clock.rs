@@ -35,7 +35,13 @@ struct Due {
 /// that a context can be built outside a runtime) and ends when every handle is gone.
 #[derive(Clone, Default)]
 pub struct ProbeClock {
-    tx: Arc<OnceLock<mpsc::UnboundedSender<Due>>>,
+    tx: Arc<OnceLock<mpsc::UnboundedSender<Command>>>,
+}
+
+enum Command {
+    Schedule(Due),
+    /// Drop every scheduled probe and end the task.
+    Stop,
 }
 
 impl ProbeClock {
@@ -53,7 +59,17 @@ impl ProbeClock {
             tx
         });
         // The task only stops once every sender is dropped, and this is one.
-        let _ = tx.send(Due { at, to, ticket });
+        let _ = tx.send(Command::Schedule(Due { at, to, ticket }));
+    }
+
+    /// End the clock now: the probes it holds are dropped with their targets, and later
+    /// schedules go nowhere. For a controller torn down in a process that goes on (the
+    /// simulation's crash), whose clock would otherwise hold every host actor of the dead
+    /// controller until its last scheduled probe came due.
+    pub fn stop(&self) {
+        if let Some(tx) = self.tx.get() {
+            let _ = tx.send(Command::Stop);
+        }
     }
 }
 
@@ -91,7 +107,7 @@ impl Ord for Queued {
     }
 }
 
-async fn deliver(mut rx: mpsc::UnboundedReceiver<Due>, metrics: SharedMetrics) {
+async fn deliver(mut rx: mpsc::UnboundedReceiver<Command>, metrics: SharedMetrics) {
     let mut queue = Queue::new();
     let mut seq = 0u64;
     let mut push = |queue: &mut Queue, due: Due| {
@@ -114,10 +130,11 @@ async fn deliver(mut rx: mpsc::UnboundedReceiver<Due>, metrics: SharedMetrics) {
         }
         tokio::select! {
             biased;
-            due = rx.recv() => {
-                let Some(due) = due else { return };
+            cmd = rx.recv() => {
+                let Some(Command::Schedule(due)) = cmd else { return };
                 push(&mut queue, due);
-                while let Ok(due) = rx.try_recv() {
+                while let Ok(cmd) = rx.try_recv() {
+                    let Command::Schedule(due) = cmd else { return };
                     push(&mut queue, due);
                 }
             }
@@ -184,5 +201,28 @@ mod tests {
         // One scheduled after the clock went idle still wakes it.
         clock.schedule(Instant::now() + secs(30), Box::new(a), 3, &metrics);
         assert_eq!(rx.recv().await, Some((3, secs(330))));
+    }
+
+    /// A stopped clock lets go of the targets it held (the dead controller's host actors)
+    /// at once and delivers nothing more.
+    #[tokio::test(start_paused = true)]
+    async fn a_stopped_clock_drops_what_it_holds() {
+        let origin = Instant::now();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let held = Recorder(tx, origin);
+        let clock = ProbeClock::default();
+        let metrics = std::sync::Arc::new(crate::provider::metrics::Metrics::new());
+        clock.schedule(
+            origin + Duration::from_secs(300),
+            Box::new(held),
+            1,
+            &metrics,
+        );
+        tokio::task::yield_now().await;
+        clock.stop();
+        // The only other sender was the one in the scheduled target: once the clock drops
+        // it, the channel closes, long before the probe would have been due.
+        let closed = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+        assert_eq!(closed, Ok(None), "the clock still holds its target");
     }
 }

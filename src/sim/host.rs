@@ -71,8 +71,12 @@ pub struct SimHost {
     /// stops it (a bad profile: a reboot brings it back as a zombie).
     pub leave_disables_kubelet: bool,
     /// The node name and join environment the kubelet was started with (it re-registers
-    /// its Node from them when it comes back after a reboot).
-    pub kubelet_env: Option<BTreeMap<String, String>>,
+    /// its Node from them when it comes back after a reboot). Set with
+    /// [`SimHost::set_kubelet_env`].
+    kubelet_env: Option<BTreeMap<String, String>>,
+    /// The Node name that environment makes the kubelet run as, if it names a NodeClaim:
+    /// asked of every running kubelet at every step of a run, so worked out once per join.
+    kubelet_as: Option<String>,
     /// A leave is running on the host right now.
     pub leave_in_flight: bool,
     /// The next join follows an install of the same launch (a cold join).
@@ -163,6 +167,7 @@ impl SimHost {
             behaviour: None,
             leave_disables_kubelet: true,
             kubelet_env: None,
+            kubelet_as: None,
             leave_in_flight: false,
             cold: false,
             last_leave_ok: None,
@@ -218,11 +223,22 @@ impl SimHost {
 
     /// Whether the kubelet runs, as Node `node` (what `kubelet_node` says, without a copy).
     pub fn kubelet_runs_as(&self, node: &str) -> bool {
-        match (self.kubelet_claim(), &self.kubelet_env) {
-            (Some(claim), Some(env)) if !super::kubelet::names_itself(env) => claim == node,
-            (Some(_), Some(env)) => super::kubelet::node_name(env) == node,
-            _ => false,
-        }
+        self.kubelet_running() && self.kubelet_as.as_deref() == Some(node)
+    }
+
+    /// The join environment the kubelet was last started with.
+    pub fn kubelet_env(&self) -> Option<&BTreeMap<String, String>> {
+        self.kubelet_env.as_ref()
+    }
+
+    /// Start the kubelet's configuration from a join environment (`None`: none).
+    pub fn set_kubelet_env(&mut self, env: Option<BTreeMap<String, String>>) {
+        // A kubelet whose environment names no NodeClaim runs as no Node of ours.
+        self.kubelet_as = env
+            .as_ref()
+            .filter(|e| e.contains_key("KPSSH_NODE_NAME"))
+            .map(super::kubelet::node_name);
+        self.kubelet_env = env;
     }
 
     /// The NodeClaim the running kubelet was joined for (`KPSSH_NODE_NAME`), if it runs.

@@ -13,6 +13,8 @@ use kube::api::ObjectMeta;
 
 /// Node class var naming how the simulated kubelet picks its Node's name.
 pub const REGISTER_AS_VAR: &str = "SIM_REGISTER_AS";
+/// The join environment's name for [`REGISTER_AS_VAR`] (`KPSSH_VAR_` and the var's name).
+const REGISTER_AS_ENV: &str = "KPSSH_VAR_SIM_REGISTER_AS";
 
 /// The name nodeadm would register the machine at `address` under: `mi-` and 17 hex digits,
 /// stable for the machine (an FNV-1a hash of the address stands in for the SSM activation).
@@ -27,8 +29,7 @@ pub fn managed_instance_name(address: &str) -> String {
 
 /// Whether a kubelet started with this join environment names its Node itself (nodeadm).
 pub fn names_itself(env: &BTreeMap<String, String>) -> bool {
-    env.get(&format!("KPSSH_VAR_{REGISTER_AS_VAR}"))
-        .is_some_and(|v| v == "nodeadm")
+    env.get(REGISTER_AS_ENV).is_some_and(|v| v == "nodeadm")
 }
 
 /// The name the kubelet registers its Node under.
@@ -136,6 +137,7 @@ mod tests {
             ("KPSSH_NODE_ADDRESS".to_string(), "10.0.0.7".to_string()),
         ]);
         assert_eq!(node_name(&env), "default-abc12");
+        assert_eq!(REGISTER_AS_ENV, format!("KPSSH_VAR_{REGISTER_AS_VAR}"));
         env.insert(format!("KPSSH_VAR_{REGISTER_AS_VAR}"), "nodeadm".into());
         let name = node_name(&env);
         assert!(name.starts_with("mi-") && name.len() == 20, "{name}");

@@ -32,7 +32,9 @@ struct Entry {
 pub struct SimPool {
     config: PoolConfig,
     entries: HashMap<String, Entry>,
-    /// Use counter → host key, least recently used first.
+    /// Use counter → host key of the idle connections (none in use), least recently used
+    /// first: what the sweep may close. Busy ones are kept out, so that a sweep does not step
+    /// over the hundreds a fleet's long joins hold at every dial.
     lru: BTreeMap<u64, String>,
     seq: u64,
     dials: u64,
@@ -130,9 +132,7 @@ impl SimPool {
             e.seq = seq;
             e.last_used = now;
             e.in_use += 1;
-            let conn = e.conn;
-            self.lru.insert(seq, key.to_string());
-            return (false, conn);
+            return (false, e.conn);
         }
         self.remove(key);
         self.dials += 1;
@@ -148,7 +148,6 @@ impl SimPool {
                 conn,
             },
         );
-        self.lru.insert(seq, key.to_string());
         self.sweep(now);
         (true, conn)
     }
@@ -162,7 +161,9 @@ impl SimPool {
             e.seq = seq;
             e.last_used = Instant::now();
             e.in_use = e.in_use.saturating_sub(1);
-            self.lru.insert(seq, key.to_string());
+            if e.in_use == 0 {
+                self.lru.insert(seq, key.to_string());
+            }
         }
     }
 
@@ -175,7 +176,7 @@ impl SimPool {
 
     /// Close idle connections past the timeout and, beyond the cap, the least recently used
     /// idle ones (the real pool does both on a dial). Both sit at the front of the order: the
-    /// scan stops at the first connection that is neither, after skipping busy ones.
+    /// scan stops at the first connection that is neither.
     fn sweep(&mut self, now: Instant) {
         let mut over = self
             .entries

@@ -476,7 +476,7 @@ impl SimTransport {
         let env = self
             .with(address, |h| {
                 if h.kubelet_running() {
-                    h.kubelet_env.clone()
+                    h.kubelet_env().cloned()
                 } else {
                     None
                 }
@@ -677,7 +677,7 @@ impl SimTransport {
                             }
                             h.kubelet_active = true;
                             h.kubelet_enabled = true;
-                            h.kubelet_env = Some(env.clone());
+                            h.set_kubelet_env(Some(env.clone()));
                         }
                         Some(SimPhase::Leave) => {
                             h.last_leave_ok = Some(true);

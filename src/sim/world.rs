@@ -164,6 +164,10 @@ impl World {
         self.supervisor.kill();
         self.router.kill();
         self.nodeclasses.kill();
+        // The process is gone, and with it the probes it had scheduled: a clock left running
+        // would hold every dead host actor (their mailboxes) until its last probe came due,
+        // beside the new controller's.
+        self.ctx.probe_clock.stop();
         let restart_karpenter = self.karpenter.take().is_some();
         // The new process starts with no SSH connections: every host is dialled again.
         self.transport.drop_connections();

@@ -203,7 +203,7 @@ async fn s9_kubelet_back_on_claimed_host_leaves_before_join() {
     w.transport.with("10.20.0.5", |s| {
         s.kubelet_enabled = true;
         s.kubelet_active = true;
-        s.kubelet_env = Some(old_env.clone());
+        s.set_kubelet_env(Some(old_env.clone()));
     });
     // The returning kubelet registers its old Node again.
     w.transport.kubelet_restarted("10.20.0.5");

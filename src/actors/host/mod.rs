@@ -265,7 +265,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
                 let old = state.host.clone();
                 state.observe(host);
                 if old.metadata.generation != state.host.metadata.generation
-                    && let Err(e) = backoff::reset(state, "the host's spec changed").await
+                    && let Err(e) = Box::pin(backoff::reset(state, "the host's spec changed")).await
                 {
                     tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
                 }
@@ -277,12 +277,12 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
                 }
             }
             HostMsg::BackoffDue => {
-                if let Err(e) = backoff::expire(state).await {
+                if let Err(e) = Box::pin(backoff::expire(state)).await {
                     tracing::warn!(host = %state.key(), error = %e, "launch backoff not cleared; the next probe retries");
                 }
             }
             HostMsg::SecretChanged => {
-                if let Err(e) = backoff::secret_changed(state).await {
+                if let Err(e) = Box::pin(backoff::secret_changed(state)).await {
                     tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
                 }
                 state.forget_target();
@@ -296,7 +296,7 @@ impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
             }
             HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,
             HostMsg::Release(claim) => {
-                let unregistered = failure::unregistered_claim(state, &claim).await;
+                let unregistered = Box::pin(failure::unregistered_claim(state, &claim)).await;
                 Box::pin(release::run(state, &claim)).await;
                 if let Some(nc) = unregistered
                     && state.host.claim() != Some(&claim)

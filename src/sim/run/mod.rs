@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 
 mod account;
 mod checks;
+mod claim_index;
 mod control_plane;
 mod demand;
 mod faults;

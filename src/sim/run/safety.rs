@@ -28,6 +28,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::{Selector, SelectorExt};
 use tokio::task::JoinHandle;
 
+use super::claim_index::ClaimIndex;
 use super::{Violation, name_of};
 use crate::api::DISRUPTION_ANNOTATION;
 use crate::api::NodeClaim;
@@ -121,6 +122,8 @@ struct Checker {
     pods: BTreeMap<String, Arc<Pod>>,
     pdbs: BTreeMap<String, (Option<Selector>, Arc<PodDisruptionBudget>)>,
     claims: BTreeMap<String, Arc<NodeClaim>>,
+    /// `claims` by uid, Node name and provider ID.
+    index: ClaimIndex,
     nodes: BTreeMap<String, Arc<Node>>,
     /// NodeClaims a `Repair` event names, not yet seen deleted.
     repaired: BTreeSet<String>,
@@ -150,6 +153,7 @@ pub(super) fn spawn(
         pods: BTreeMap::new(),
         pdbs: BTreeMap::new(),
         claims: BTreeMap::new(),
+        index: ClaimIndex::default(),
         nodes: BTreeMap::new(),
         repaired: BTreeSet::new(),
         reported: BTreeSet::new(),
@@ -245,11 +249,13 @@ impl Checker {
             }
             Change::Claim(WatchEvent::Restarted(all)) => {
                 self.claims = all.into_iter().map(|c| (name_of(&c.metadata), c)).collect();
+                self.index.rebuild(&self.claims);
             }
             Change::Claim(WatchEvent::Applied(c)) => {
                 let name = name_of(&c.metadata);
                 let before = self.claims.get(&name).cloned();
                 self.claim_changed(before.as_deref(), &c);
+                self.index.set(&name, Some(&c));
                 self.claims.insert(name, c);
             }
             Change::Claim(WatchEvent::Deleted(c)) => {
@@ -260,6 +266,7 @@ impl Checker {
                     self.claim_deleted(&c);
                 }
                 self.claims.remove(&name);
+                self.index.set(&name, None);
                 self.repaired.remove(&name);
             }
             Change::Node(WatchEvent::Restarted(all)) => {
@@ -298,17 +305,22 @@ impl Checker {
     /// the one it is named after.
     fn claim_of_node(&self, node: &str) -> Option<&Arc<NodeClaim>> {
         let n = self.nodes.get(node);
-        let owner = n.and_then(|n| owner_uid(n));
-        let by_owner = owner.and_then(|uid| {
-            (self.claims.values()).find(|c| c.metadata.uid.as_deref() == Some(uid))
-        });
+        let claim = |name: &String| self.claims.get(name);
+        let by_owner = (n.and_then(|n| owner_uid(n)))
+            .and_then(|uid| self.index.by_uid(uid))
+            .and_then(claim);
         by_owner
+            .or_else(|| self.index.by_node(node).find_map(claim))
             .or_else(|| {
-                (self.claims.values())
-                    .find(|c| c.status.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            })
-            .or_else(|| {
-                (self.claims.values()).find(|c| {
+                // Only a claim with the Node's provider ID, or named after it, can have it as
+                // its Node by provider ID: those, in name order.
+                let pid = n.and_then(|n| n.spec.as_ref()?.provider_id.as_deref());
+                let mut names: BTreeSet<&String> = pid
+                    .map(|p| self.index.by_provider(p).collect())
+                    .unwrap_or_default();
+                let own = node.to_string();
+                names.insert(&own);
+                names.into_iter().filter_map(claim).find(|c| {
                     provider_id_of_claim(c).is_some()
                         && self
                             .node_of_claim(c)
