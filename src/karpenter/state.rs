@@ -645,7 +645,12 @@ impl ClaimsByNode {
     }
 }
 
-fn unfile(map: &mut BTreeMap<String, BTreeSet<String>>, key: Option<String>, claim: &str) {
+/// Take `claim` out of the set filed under `key`, and the set out of `map` once empty.
+pub(crate) fn unfile(
+    map: &mut BTreeMap<String, BTreeSet<String>>,
+    key: Option<String>,
+    claim: &str,
+) {
     if let Some(k) = key
         && let Some(set) = map.get_mut(&k)
     {

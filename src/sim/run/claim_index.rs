@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::api::NodeClaim;
+use crate::karpenter::state::unfile;
 
 type Keys = (Option<String>, Option<String>, Option<String>);
 
@@ -76,16 +77,5 @@ impl ClaimIndex {
     /// The claims with this provider ID, in name order.
     pub(super) fn by_provider(&self, pid: &str) -> impl Iterator<Item = &String> {
         self.by_pid.get(pid).into_iter().flatten()
-    }
-}
-
-fn unfile(map: &mut BTreeMap<String, BTreeSet<String>>, key: Option<String>, name: &str) {
-    if let Some(k) = key
-        && let Some(set) = map.get_mut(&k)
-    {
-        set.remove(name);
-        if set.is_empty() {
-            map.remove(&k);
-        }
     }
 }
