@@ -86,10 +86,13 @@ impl<C: Pooled> Shared<C> {
                 }
                 keep
             });
-            let live: Vec<String> = inner.entries.keys().cloned().collect();
-            inner
-                .dial_locks
-                .retain(|k, l| Arc::strong_count(l) > 1 || live.contains(k));
+            // Every SSH call sweeps: a lookup per lock, not a copy of every key searched
+            // once per lock (quadratic in the pooled connections).
+            let Inner {
+                entries,
+                dial_locks,
+            } = &mut *inner;
+            dial_locks.retain(|k, l| Arc::strong_count(l) > 1 || entries.contains_key(k));
         }
         for c in closing {
             c.close();
