@@ -68,6 +68,10 @@ pub struct Inner {
     /// NodeClaims not being deleted and not Registered: the only ones the registration
     /// timeout can delete, so its sweep does not look at every registered claim.
     unregistered: BTreeSet<String>,
+    /// NodeClaims not being deleted that carry an `expireAfter`: expiration's candidates,
+    /// so that its round (every 10 s) does not walk every claim of the fleet (3.5 % of the
+    /// 10,000-host day, whose claims have none).
+    expiring: BTreeSet<String>,
     /// NodeClaim name by `status.providerID`, to map a Node change to its claim.
     claims_by_provider: BTreeMap<String, String>,
     /// The node classes this controller owns (`--node-classes`): only NodePools and
@@ -194,6 +198,11 @@ impl Inner {
     /// Names of NodeClaims neither being deleted nor Registered (see `unregistered`).
     pub fn unregistered_claims(&self) -> &BTreeSet<String> {
         &self.unregistered
+    }
+
+    /// Names of NodeClaims not being deleted that have `spec.expireAfter` (see `expiring`).
+    pub fn expiring_claims(&self) -> &BTreeSet<String> {
+        &self.expiring
     }
 
     /// The names of the claims (not being deleted) whose `status.nodeName` is `node`.
@@ -480,6 +489,7 @@ fn apply_nodeclaim(st: &mut Inner, c: Change<Arc<NodeClaim>>, _: Timestamp) {
             let all: Vec<String> = st.nodeclaims.keys().cloned().collect();
             st.terminating.clear();
             st.unregistered.clear();
+            st.expiring.clear();
             st.claims_by_node.clear();
             for name in all {
                 track_claim(st, &name);
@@ -489,7 +499,8 @@ fn apply_nodeclaim(st: &mut Inner, c: Change<Arc<NodeClaim>>, _: Timestamp) {
 }
 
 /// Keep `name` in the termination work list exactly while it has termination work, and in
-/// the unregistered set exactly while it is neither being deleted nor Registered.
+/// the unregistered set exactly while it is neither being deleted nor Registered, and in the
+/// expiring set exactly while it is not being deleted and has an `expireAfter`.
 fn track_claim(st: &mut Inner, name: &str) {
     let nc = st.nodeclaims.get(name);
     let work = nc.is_some_and(|nc| {
@@ -500,8 +511,12 @@ fn track_claim(st: &mut Inner, name: &str) {
         nc.metadata.deletion_timestamp.is_none()
             && !super::lifecycle::condition_true(nc, "Registered")
     });
+    let expiring = nc.is_some_and(|nc| {
+        nc.metadata.deletion_timestamp.is_none() && nc.spec.expire_after.is_some()
+    });
     keep(&mut st.terminating, name, work);
     keep(&mut st.unregistered, name, unregistered);
+    keep(&mut st.expiring, name, expiring);
     st.claims_by_node.set(name, nc.map(|nc| &**nc));
 }
 

@@ -21,8 +21,8 @@ pub(super) async fn expire<C: Cluster, T: Transport>(
 ) -> Result<Vec<(String, Reason)>, KarpenterError> {
     let expired: Vec<(Arc<NodeClaim>, String)> = {
         let st = state.read();
-        st.nodeclaims
-            .values()
+        (st.expiring_claims().iter())
+            .filter_map(|name| st.nodeclaims.get(name))
             .filter(|nc| nc.metadata.deletion_timestamp.is_none())
             .filter_map(|nc| {
                 let after = nc.spec.expire_after.as_deref()?;
