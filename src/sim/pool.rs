@@ -31,7 +31,8 @@ struct Entry {
 /// See the module documentation.
 pub struct SimPool {
     config: PoolConfig,
-    entries: HashMap<String, Entry>,
+    /// Fixed-seed foldhash: looked up on every SSH call of the fleet.
+    entries: HashMap<String, Entry, foldhash::fast::FixedState>,
     /// Use counter → host key of the idle connections (none in use), least recently used
     /// first: what the sweep may close. Busy ones are kept out, so that a sweep does not step
     /// over the hundreds a fleet's long joins hold at every dial.
@@ -50,7 +51,7 @@ impl SimPool {
     pub fn new(config: PoolConfig) -> Self {
         SimPool {
             config,
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             lru: BTreeMap::new(),
             seq: 0,
             dials: 0,

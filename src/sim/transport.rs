@@ -99,7 +99,7 @@ impl Drop for PoolUse {
 struct Fleet {
     slots: Vec<SimHost>,
     /// Hashed: every session looks its host up here, and addresses share long prefixes.
-    by_address: HashMap<String, usize>,
+    by_address: HashMap<String, usize, foldhash::fast::FixedState>,
     /// Address → slot of every host whose kubelet runs (address order, as before).
     kubelets: BTreeMap<String, usize>,
     /// The controller's SSH connections to the hosts, as the real transport pools them.

@@ -7,7 +7,6 @@
 //! - pod GC: pods bound to a Node that no longer exists are deleted (their Deployment's
 //!   ReplicaSet then brings them back pending).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -26,38 +25,51 @@ const NODE_MONITOR_GRACE: Duration = Duration::from_secs(40);
 impl Runner<'_> {
     /// Node lifecycle: write each Node's Ready condition where it no longer says the truth.
     pub(super) async fn node_lifecycle(&mut self, now: Duration) {
-        // The host each Node runs on, and whether that host's kubelet runs as that Node.
-        let mut node_of_host: HashMap<usize, &str> = HashMap::new();
+        // The Node each host runs (the last in name order, as a map by host would keep), and
+        // whether that host's kubelet runs as that Node: vectors by host index, not maps, and
+        // the mirror's Nodes walked beside `attached` (both in name order) rather than looked
+        // up by name: this runs at every step over every attached Node.
+        let mut node_of_host: Vec<Option<&str>> = vec![None; self.infos.len()];
         for (node, i) in &self.attached {
-            node_of_host.insert(*i, node.as_str());
+            if let Some(slot) = node_of_host.get_mut(*i) {
+                *slot = Some(node.as_str());
+            }
         }
-        let up: std::collections::HashSet<usize> = self
-            .world
-            .transport
-            .filter_map_kubelet_running(|i, h| {
-                let node = node_of_host.get(&i)?;
-                h.kubelet_runs_as(node).then_some(i)
-            })
-            .into_iter()
-            .collect();
+        let mut up = vec![false; node_of_host.len()];
+        for i in self.world.transport.filter_map_kubelet_running(|i, h| {
+            let node = node_of_host.get(i).copied().flatten()?;
+            h.kubelet_runs_as(node).then_some(i)
+        }) {
+            up[i] = true;
+        }
         let mut writes: Vec<(String, &'static str)> = vec![];
+        let mut nodes = self.mirror.nodes.iter().peekable();
         for (node, i) in &self.attached {
-            let talking = up.contains(i) && node_of_host.get(i) == Some(&node.as_str());
-            let cut_off = self
-                .partitioned
-                .get(&self.infos[*i].class)
-                .is_some_and(|until| *until > now);
+            let talking = up.get(*i).copied().unwrap_or(false)
+                && node_of_host.get(*i).copied().flatten() == Some(node.as_str());
+            let cut_off = !self.partitioned.is_empty()
+                && self
+                    .partitioned
+                    .get(&self.infos[*i].class)
+                    .is_some_and(|until| *until > now);
             if talking {
-                self.kubelet_down.remove(node);
+                if !self.kubelet_down.is_empty() {
+                    self.kubelet_down.remove(node);
+                }
             } else {
                 self.kubelet_down.entry(node.clone()).or_insert(now);
             }
-            let silent = self
-                .kubelet_down
-                .get(node)
-                .is_some_and(|since| now.saturating_sub(*since) >= NODE_MONITOR_GRACE);
+            let silent = !self.kubelet_down.is_empty()
+                && self
+                    .kubelet_down
+                    .get(node)
+                    .is_some_and(|since| now.saturating_sub(*since) >= NODE_MONITOR_GRACE);
             let want = if cut_off || silent { "Unknown" } else { "True" };
-            let Some(n) = self.mirror.nodes.get(node) else {
+            while nodes
+                .next_if(|(name, _)| name.as_str() < node.as_str())
+                .is_some()
+            {}
+            let Some((_, n)) = nodes.next_if(|(name, _)| *name == node) else {
                 continue;
             };
             let have = node_ready(n).map(|c| c.status.as_str());
