@@ -22,8 +22,8 @@ pub(super) async fn expire<C: Cluster, T: Transport>(
     let expired: Vec<(Arc<NodeClaim>, String)> = {
         let st = state.read();
         (st.expiring_claims().iter())
+            // The index holds only claims not being deleted.
             .filter_map(|name| st.nodeclaims.get(name))
-            .filter(|nc| nc.metadata.deletion_timestamp.is_none())
             .filter_map(|nc| {
                 let after = nc.spec.expire_after.as_deref()?;
                 let created = nc.metadata.creation_timestamp.as_ref()?.0;
