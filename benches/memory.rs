@@ -1,7 +1,7 @@
 //! Issue #10 item 5: controller memory per idle host (no open SSH session).
 //!
 //! A counting allocator tracks the live heap. N simulated hosts are created in the in-memory
-//! API, the real actor core (supervisor, one HostActor per host, router, node classes, the
+//! API, the real actor core (supervisor, one host actor per host, router, node classes, the
 //! host view) brings them to Available on tokio's paused clock and then idles through several
 //! probe intervals. The live heap is read with the controller running, the controller is then
 //! stopped and every handle to it dropped, and the heap read again: the difference divided by
@@ -140,9 +140,7 @@ async fn measure(hosts: usize) -> Measured {
         karpenter,
         karpenter_config: _,
     } = w;
-    for child in supervisor.get_children() {
-        child.stop(None);
-    }
+    // Stopping the supervisor stops its host actors.
     supervisor.stop(None);
     router.stop(None);
     nodeclasses.stop(None);

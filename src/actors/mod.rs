@@ -1,4 +1,4 @@
-//! The actor core (DESIGN §2): a [`supervisor::Supervisor`] keeps one [`host::HostActor`] per
+//! The actor core (DESIGN §2): a [`supervisor::Supervisor`] keeps one host actor ([`host::spawn`]) per
 //! SSHHost; the [`router::Router`] turns NodeClaims into claims and `Launch`/`Release` messages.
 //! A host's status is only ever written by its own actor, except the claim itself, which the
 //! router writes as a compare-and-swap that the actor's own writes are fenced against.
@@ -29,10 +29,13 @@ impl Controller {
     pub async fn shutdown(self, grace: std::time::Duration) {
         let _ = self.router.stop_and_wait(None, Some(grace)).await;
         let _ = self.nodeclasses.stop_and_wait(None, Some(grace)).await;
-        self.supervisor
-            .get_cell()
-            .stop_children_and_wait(Some("shutdown".into()), Some(grace))
+        let hosts = self
+            .supervisor
+            .call(supervisor::SupervisorMsg::StopHosts, Some(grace))
             .await;
+        if let Ok(ractor::rpc::CallResult::Success(tasks)) = hosts {
+            let _ = tokio::time::timeout(grace, futures::future::join_all(tasks)).await;
+        }
         let _ = self.supervisor.stop_and_wait(None, Some(grace)).await;
     }
 }

@@ -1,4 +1,4 @@
-//! `Supervisor`: watches SSHHosts in the pool namespace and Nodes; keeps one `HostActor` per
+//! `Supervisor`: watches SSHHosts in the pool namespace and Nodes; keeps one host actor per
 //! host, stops it on deletion, restarts it when it fails (its state is rebuilt from the API),
 //! and forwards Node events to the host they belong to.
 
@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use super::host::{HostActor, HostMsg, SeenVersion};
+use super::host::{HostMsg, HostRef, SeenVersion};
 use crate::api::{HostState, SSHHost};
 use crate::k8s::{Cluster, WatchEvent};
 use crate::provider::Context;
@@ -34,6 +34,15 @@ pub enum SupervisorMsg {
     Class(Box<WatchEvent<crate::api::SSHNodeClass>>),
     /// A watch stream ended or failed; it is restarted by its task.
     WatchError(String),
+    /// A host actor panicked (`epoch` tells it from a later actor of the same host).
+    HostFailed {
+        name: String,
+        epoch: u64,
+        error: String,
+    },
+    /// Shutdown: stop every host actor (each finishes the message in hand) and hand back
+    /// their tasks, to be awaited within the grace period.
+    StopHosts(RpcReplyPort<Vec<tokio::task::JoinHandle<()>>>),
 }
 
 pub struct Supervisor<C: Cluster, T: Transport> {
@@ -48,16 +57,39 @@ impl<C: Cluster, T: Transport> Default for Supervisor<C, T> {
     }
 }
 
-/// A running host actor and the newest host version it holds.
+/// A running host actor and the newest host version it holds. Dropped with the supervisor's
+/// state when the supervisor is killed (a crash), it aborts the actor's task: a killed
+/// controller's host actors die with it, mid-phase included. A stopped supervisor stops its
+/// hosts gracefully first and lets their tasks finish ([`HostHandle::detach`]).
 struct HostHandle {
-    actor: ActorRef<HostMsg>,
+    actor: HostRef,
     seen: SeenVersion,
+    /// Which actor of this host it is (a restarted one gets a new epoch).
+    epoch: u64,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl HostHandle {
+    /// Stop the actor after the message in hand and let its task run to its end.
+    fn detach(mut self) -> Option<tokio::task::JoinHandle<()>> {
+        self.actor.stop();
+        self.task.take()
+    }
+}
+
+impl Drop for HostHandle {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
 }
 
 pub struct SupervisorState<C: Cluster, T: Transport> {
     pub(super) ctx: Context<C, T>,
     actors: BTreeMap<String, HostHandle>,
-    names: BTreeMap<ActorId, String>,
+    /// The epoch of the next host actor started.
+    epoch: u64,
     watches: Vec<tokio::task::JoinHandle<()>>,
     /// Sharded only: every SSHHost of the pool namespace, this shard's or not (a class
     /// change may move hosts in or out of the shard).
@@ -114,7 +146,7 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
         Ok(SupervisorState {
             ctx,
             actors: BTreeMap::new(),
-            names: BTreeMap::new(),
+            epoch: 0,
             watches,
             all: BTreeMap::new(),
             overlaps: BTreeMap::new(),
@@ -129,8 +161,8 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
         for w in state.watches.drain(..) {
             w.abort();
         }
-        for h in state.actors.values() {
-            h.actor.stop(None);
+        for (_, h) in std::mem::take(&mut state.actors) {
+            h.detach();
         }
         Ok(())
     }
@@ -154,24 +186,23 @@ impl<C: Cluster, T: Transport> Actor for Supervisor<C, T> {
             SupervisorMsg::Secrets { names, relisted } => on_secrets(state, &names, relisted),
             SupervisorMsg::Class(ev) => super::shard::on_class_event(&myself, state, *ev).await,
             SupervisorMsg::WatchError(e) => tracing::warn!(error = %e, "watch error"),
-        }
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        event: SupervisionEvent,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        if let SupervisionEvent::ActorFailed(cell, err) = event {
-            let Some(name) = state.names.remove(&cell.get_id()) else {
-                return Ok(());
-            };
-            state.actors.remove(&name);
-            tracing::error!(host = %name, error = %err, "host actor failed; restarting from API state");
-            if let Some(host) = state.ctx.hosts.get(&name) {
-                spawn_host(&myself, state, Arc::new(host)).await;
+            SupervisorMsg::HostFailed { name, epoch, error } => {
+                if state.actors.get(&name).is_none_or(|h| h.epoch != epoch) {
+                    return Ok(());
+                }
+                state.actors.remove(&name);
+                tracing::error!(host = %name, error = %error, "host actor failed; restarting from API state");
+                if let Some(host) = state.ctx.hosts.get(&name) {
+                    spawn_host(&myself, state, Arc::new(host)).await;
+                }
+            }
+            SupervisorMsg::StopHosts(reply) => {
+                let tasks = std::mem::take(&mut state.actors)
+                    .into_values()
+                    .filter_map(HostHandle::detach)
+                    .collect();
+                state.ctx.metrics.host_actors.set(0);
+                let _ = reply.send(tasks);
             }
         }
         Ok(())
@@ -334,15 +365,26 @@ async fn spawn_host<C: Cluster, T: Transport>(
 ) {
     let name = host.metadata.name.clone().unwrap_or_default();
     let seen = SeenVersion::default();
-    let args = (state.ctx.clone(), host, seen.clone());
-    match Actor::spawn_linked(None, HostActor::<C, T>::default(), args, myself.get_cell()).await {
-        Ok((actor, _)) => {
-            state.names.insert(actor.get_id(), name.clone());
-            state.actors.insert(name, HostHandle { actor, seen });
-            state.ctx.metrics.host_actors.set(state.actors.len() as i64);
-        }
-        Err(e) => tracing::error!(host = %name, error = %e, "could not start host actor"),
-    }
+    let epoch = state.epoch;
+    state.epoch += 1;
+    let supervisor = myself.clone();
+    let failed_name = name.clone();
+    let failed = move |error: String| {
+        let _ = supervisor.send_message(SupervisorMsg::HostFailed {
+            name: failed_name,
+            epoch,
+            error,
+        });
+    };
+    let (actor, task) = super::host::spawn(state.ctx.clone(), host, seen.clone(), failed);
+    let handle = HostHandle {
+        actor,
+        seen,
+        epoch,
+        task: Some(task),
+    };
+    state.actors.insert(name, handle);
+    state.ctx.metrics.host_actors.set(state.actors.len() as i64);
 }
 
 pub(super) fn has_actor<C: Cluster, T: Transport>(
@@ -354,8 +396,8 @@ pub(super) fn has_actor<C: Cluster, T: Transport>(
 
 pub(super) fn stop_host<C: Cluster, T: Transport>(state: &mut SupervisorState<C, T>, name: &str) {
     if let Some(h) = state.actors.remove(name) {
-        state.names.remove(&h.actor.get_id());
-        h.actor.stop(Some("SSHHost deleted".into()));
+        // The SSHHost is deleted: the actor finishes the message in hand, then ends.
+        h.detach();
         state.ctx.metrics.host_actors.set(state.actors.len() as i64);
     }
 }
@@ -412,3 +454,7 @@ fn adopt_candidate<C: Cluster, T: Transport>(
         .find(|h| h.state() == HostState::Claimed && ips.iter().any(|ip| ip == h.node_address()))
         .and_then(|h| h.metadata.name.clone())
 }
+
+#[cfg(test)]
+#[path = "supervisor_tests.rs"]
+mod tests;

@@ -158,9 +158,8 @@ impl World {
     /// A controller crash: every actor dies at once, mid-phase included; then a new controller
     /// starts against the same API and hosts and rebuilds from the API state.
     pub async fn crash_and_restart(&mut self, seed: u64) -> Result<(), ClusterError> {
-        for child in self.supervisor.get_children() {
-            child.kill();
-        }
+        // The supervisor's host actors die with it (their handles abort them when its state
+        // goes).
         self.supervisor.kill();
         self.router.kill();
         self.nodeclasses.kill();
@@ -211,7 +210,7 @@ fn spawn_error(message: impl ToString) -> ClusterError {
     }
 }
 
-fn key_secret(ns: &str) -> KubeSecret {
+pub fn key_secret(ns: &str) -> KubeSecret {
     KubeSecret {
         metadata: ObjectMeta {
             name: Some(KEY_SECRET.into()),

@@ -1,11 +1,14 @@
-//! `HostActor`: the single owner of everything that touches one host. Its mailbox serialises
-//! probes, launches and releases, so no second operation can start on a host while a phase is
-//! in flight. State lives in the API; a restarted actor rebuilds from the SSHHost object.
+//! The host actor: the single owner of everything that touches one host. Its mailbox
+//! serialises probes, launches and releases, so no second operation can start on a host while
+//! a phase is in flight. State lives in the API; a restarted actor rebuilds from the SSHHost
+//! object. One task and one [`mailbox`] per host rather than a ractor actor (see the
+//! mailbox's module for why); [`spawn`] starts it.
 
 pub mod abort;
 pub mod backoff;
 pub mod failure;
 pub mod launch;
+pub mod mailbox;
 pub mod node_identity;
 pub mod phases;
 pub mod probe;
@@ -16,10 +19,10 @@ pub mod token;
 pub mod trace;
 pub mod verified;
 
-use std::marker::PhantomData;
-
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::Node;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+pub use mailbox::HostRef;
 
 use crate::api::{ClaimRef, HostState, SSHHost};
 use crate::k8s::Cluster;
@@ -75,18 +78,6 @@ impl SeenVersion {
     }
 }
 
-pub struct HostActor<C: Cluster, T: Transport> {
-    _ports: PhantomData<fn() -> (C, T)>,
-}
-
-impl<C: Cluster, T: Transport> Default for HostActor<C, T> {
-    fn default() -> Self {
-        HostActor {
-            _ports: PhantomData,
-        }
-    }
-}
-
 /// What the actor owns besides the API object.
 pub struct HostActorState<C: Cluster, T: Transport> {
     pub ctx: Context<C, T>,
@@ -104,7 +95,7 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     /// Consecutive failed probes, for backoff.
     pub failures: u32,
     /// This actor, for timers it sets itself.
-    pub myself: ActorRef<HostMsg>,
+    pub myself: HostRef,
     /// The transport target, so that a steady probe does not read the key Secret every time.
     pub target: Option<target::CachedTarget>,
     /// The lifecycle trace of the claim this host holds: NodeClaim UID and its root span.
@@ -203,116 +194,126 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
     }
 }
 
-impl<C: Cluster, T: Transport> Actor for HostActor<C, T> {
-    type Msg = HostMsg;
-    type State = HostActorState<C, T>;
-    type Arguments = (Context<C, T>, std::sync::Arc<SSHHost>, SeenVersion);
+/// Start the actor of `host`: it probes at once (a new host, or an actor rebuilt after a
+/// crash, learns where it stands). `failed` is told, with the panic's message, when a message
+/// panics; the actor is gone then and its supervisor rebuilds it from the API. A stopped actor
+/// ([`HostRef::stop`]) finishes the message in hand and lets go of its pooled connection; an
+/// aborted task (a killed controller) stops at once.
+pub fn spawn<C: Cluster, T: Transport>(
+    ctx: Context<C, T>,
+    host: std::sync::Arc<SSHHost>,
+    seen: SeenVersion,
+    failed: impl FnOnce(String) + Send + 'static,
+) -> (HostRef, tokio::task::JoinHandle<()>) {
+    let (myself, inbox) = mailbox::mailbox();
+    let _ = myself.send_message(HostMsg::Probe);
+    ctx.metrics.mailbox_in("host");
+    let name = host.metadata.name.clone().unwrap_or_default();
+    let host = ctx.hosts.share(host);
+    seen.publish(crate::provider::context::rv(&host));
+    let state = HostActorState {
+        ctx,
+        name,
+        host,
+        seen,
+        drift_reported: None,
+        probe_ticket: 0,
+        failures: 0,
+        myself: myself.clone(),
+        target: None,
+        lifecycle: None,
+        launch_slot: None,
+        stamp_next_probe: false,
+    };
+    // A backoff recorded before a restart runs out on time (the probe clears it too).
+    backoff::arm(&state);
+    // One catch_unwind around the actor's life, not one per message: a panic ends the actor
+    // (its state goes with it, as a failed actor's does) and is reported.
+    let task = tokio::spawn(async move {
+        if let Err(panic) = std::panic::AssertUnwindSafe(run(inbox, state))
+            .catch_unwind()
+            .await
+        {
+            failed(panic_message(panic.as_ref()));
+        }
+    });
+    (myself, task)
+}
 
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        (ctx, host, seen): Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        let name = host.metadata.name.clone().unwrap_or_default();
-        // Probe at once: a new host, or an actor rebuilt after a crash, learns where it stands.
-        myself.send_message(HostMsg::Probe)?;
-        ctx.metrics.mailbox_in("host");
-        let myself = myself.clone();
-        let host = ctx.hosts.share(host);
-        seen.publish(crate::provider::context::rv(&host));
-        let state = HostActorState {
-            ctx,
-            name,
-            host,
-            seen,
-            drift_reported: None,
-            probe_ticket: 0,
-            failures: 0,
-            myself,
-            target: None,
-            lifecycle: None,
-            launch_slot: None,
-            stamp_next_probe: false,
-        };
-        // A backoff recorded before a restart runs out on time (the probe clears it too).
-        backoff::arm(&state);
-        Ok(state)
+/// The actor's life: one message at a time until it is stopped.
+async fn run<C: Cluster, T: Transport>(inbox: mailbox::Inbox, mut state: HostActorState<C, T>) {
+    while let Some(msg) = inbox.next().await {
+        handle(msg, &mut state).await;
     }
+    state.ctx.transport.forget(&state.key()).await;
+}
 
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        state.ctx.transport.forget(&state.key()).await;
-        Ok(())
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "panicked".to_string(),
     }
+}
 
-    // Debug level: each message is not a trace of its own; probes and lifecycles are.
-    #[tracing::instrument(level = "debug", skip_all, fields(host = %state.name))]
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        state.ctx.metrics.mailbox_out("host");
-        // Each arm is boxed: the actor's task holds this future for its whole life, and inline
-        // it would be as large as the largest arm (a launch), in every one of 10,000 hosts,
-        // and copied whole for every message.
-        match msg {
-            HostMsg::Observed(host) => {
-                let old = state.host.clone();
-                state.observe(host);
-                if old.metadata.generation != state.host.metadata.generation
-                    && let Err(e) = Box::pin(backoff::reset(state, "the host's spec changed")).await
-                {
-                    tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
-                }
-                if old.probe_requested() != state.host.probe_requested() {
-                    state.stamp_next_probe = true;
-                }
-                if state.needs_probe_now(&old) {
-                    Box::pin(probe::run(&myself, state)).await;
-                }
+// Debug level: each message is not a trace of its own; probes and lifecycles are.
+#[tracing::instrument(level = "debug", skip_all, fields(host = %state.name))]
+async fn handle<C: Cluster, T: Transport>(msg: HostMsg, state: &mut HostActorState<C, T>) {
+    state.ctx.metrics.mailbox_out("host");
+    let myself = state.myself.clone();
+    // Each arm is boxed: the actor's task holds this future for its whole life, and inline
+    // it would be as large as the largest arm (a launch), in every one of 10,000 hosts.
+    match msg {
+        HostMsg::Observed(host) => {
+            let old = state.host.clone();
+            state.observe(host);
+            if old.metadata.generation != state.host.metadata.generation
+                && let Err(e) = Box::pin(backoff::reset(state, "the host's spec changed")).await
+            {
+                tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
             }
-            HostMsg::BackoffDue => {
-                if let Err(e) = Box::pin(backoff::expire(state)).await {
-                    tracing::warn!(host = %state.key(), error = %e, "launch backoff not cleared; the next probe retries");
-                }
+            if old.probe_requested() != state.host.probe_requested() {
+                state.stamp_next_probe = true;
             }
-            HostMsg::SecretChanged => {
-                if let Err(e) = Box::pin(backoff::secret_changed(state)).await {
-                    tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
-                }
-                state.forget_target();
+            if state.needs_probe_now(&old) {
                 Box::pin(probe::run(&myself, state)).await;
             }
-            HostMsg::Probe => Box::pin(probe::run(&myself, state)).await,
-            HostMsg::ProbeDue(ticket) => {
-                if ticket == state.probe_ticket {
-                    Box::pin(probe::run(&myself, state)).await;
-                }
-            }
-            HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,
-            HostMsg::Release(claim) => {
-                let unregistered = Box::pin(failure::unregistered_claim(state, &claim)).await;
-                Box::pin(release::run(state, &claim)).await;
-                if let Some(nc) = unregistered
-                    && state.host.claim() != Some(&claim)
-                {
-                    Box::pin(failure::registration_failed(state, &claim, &nc)).await;
-                }
-            }
-            HostMsg::NodeSeen(node) => Box::pin(registration::node_seen(state, &node)).await,
-            HostMsg::AdoptDeadline(claim) => Box::pin(launch::adopt_deadline(state, &claim)).await,
         }
-        Ok(())
+        HostMsg::BackoffDue => {
+            if let Err(e) = Box::pin(backoff::expire(state)).await {
+                tracing::warn!(host = %state.key(), error = %e, "launch backoff not cleared; the next probe retries");
+            }
+        }
+        HostMsg::SecretChanged => {
+            if let Err(e) = Box::pin(backoff::secret_changed(state)).await {
+                tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
+            }
+            state.forget_target();
+            Box::pin(probe::run(&myself, state)).await;
+        }
+        HostMsg::Probe => Box::pin(probe::run(&myself, state)).await,
+        HostMsg::ProbeDue(ticket) => {
+            if ticket == state.probe_ticket {
+                Box::pin(probe::run(&myself, state)).await;
+            }
+        }
+        HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,
+        HostMsg::Release(claim) => {
+            let unregistered = Box::pin(failure::unregistered_claim(state, &claim)).await;
+            Box::pin(release::run(state, &claim)).await;
+            if let Some(nc) = unregistered
+                && state.host.claim() != Some(&claim)
+            {
+                Box::pin(failure::registration_failed(state, &claim, &nc)).await;
+            }
+        }
+        HostMsg::NodeSeen(node) => Box::pin(registration::node_seen(state, &node)).await,
+        HostMsg::AdoptDeadline(claim) => Box::pin(launch::adopt_deadline(state, &claim)).await,
     }
 }
 
 /// The probe clock delivers a due periodic probe as a message to the host's actor.
-impl crate::provider::probe_clock::ProbeTarget for ActorRef<HostMsg> {
+impl crate::provider::probe_clock::ProbeTarget for HostRef {
     fn probe_due(&self, ticket: u64) -> bool {
         self.send_message(HostMsg::ProbeDue(ticket)).is_ok()
     }

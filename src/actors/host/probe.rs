@@ -5,9 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use ractor::ActorRef;
-
-use super::{HostActorState, HostMsg, registration};
+use super::{HostActorState, HostRef, registration};
 use crate::actors::status::{
     ProbeStamp, ready_condition_synced, stamp_due, write_status_if_changed,
 };
@@ -22,7 +20,7 @@ use tracing::field::Empty;
 
 /// Probe once, write what changed, schedule the next probe.
 pub async fn run<C: Cluster, T: Transport>(
-    myself: &ActorRef<HostMsg>,
+    myself: &HostRef,
     state: &mut HostActorState<C, T>,
 ) {
     // Each probe is a trace of its own (zombie actions it triggers are children).
@@ -85,7 +83,7 @@ fn backoff<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> std::time:
 
 /// The next periodic probe, `after` from now (any one scheduled before is void).
 fn schedule<C: Cluster, T: Transport>(
-    myself: &ActorRef<HostMsg>,
+    myself: &HostRef,
     state: &mut HostActorState<C, T>,
     after: std::time::Duration,
 ) {
