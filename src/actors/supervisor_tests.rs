@@ -12,7 +12,9 @@ use crate::k8s::{Cluster, MemoryCluster};
 use crate::provider::{Config, Context};
 use crate::sim::host::SimHost;
 use crate::sim::world::{host_object, key_secret};
-use crate::ssh::{CommandOutput, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError};
+use crate::ssh::{
+    CommandOutput, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
+};
 
 /// A transport whose probe panics (a bug in the probe path) or hangs; counts the probes.
 #[derive(Default)]
@@ -30,7 +32,11 @@ impl Transport for Faulty {
         panic!("the probe path panicked");
     }
 
-    async fn exec(&self, _: &HostTarget, _: RemoteCommand) -> Result<CommandOutput, TransportError> {
+    async fn exec(
+        &self,
+        _: &HostTarget,
+        _: RemoteCommand,
+    ) -> Result<CommandOutput, TransportError> {
         panic!("no command runs in these tests");
     }
 
@@ -43,7 +49,11 @@ impl Transport for Faulty {
 
 async fn supervisor_over(
     transport: Arc<Faulty>,
-) -> (MemoryCluster, ractor::ActorRef<SupervisorMsg>, Context<MemoryCluster, Faulty>) {
+) -> (
+    MemoryCluster,
+    ractor::ActorRef<SupervisorMsg>,
+    Context<MemoryCluster, Faulty>,
+) {
     let clock = Clock::simulated("2026-01-01T00:00:00Z".parse().expect("time"));
     let cluster = MemoryCluster::new(clock.clone());
     let config = Config::default();
@@ -81,7 +91,11 @@ async fn a_panicking_host_actor_is_restarted_from_the_api() {
         "the actor was not restarted after its panic: {} probes",
         transport.probes.load(Ordering::SeqCst)
     );
-    assert_eq!(ctx.metrics.host_actors.get(), 1, "one actor for the one host");
+    assert_eq!(
+        ctx.metrics.host_actors.get(),
+        1,
+        "one actor for the one host"
+    );
     supervisor.stop(None);
 }
 
@@ -95,7 +109,10 @@ async fn stopped_hosts_are_handed_back_and_a_killed_supervisor_takes_them_along(
         ..Faulty::default()
     });
     let (_cluster, supervisor, _ctx) = supervisor_over(transport.clone()).await;
-    assert!(probes_reach(&transport, 1).await, "the host was never probed");
+    assert!(
+        probes_reach(&transport, 1).await,
+        "the host was never probed"
+    );
     let tasks = supervisor
         .call(SupervisorMsg::StopHosts, Some(Duration::from_secs(5)))
         .await
@@ -106,7 +123,10 @@ async fn stopped_hosts_are_handed_back_and_a_killed_supervisor_takes_them_along(
     // The probe in hand has not ended (it would at the probe timeout): the actor is still
     // running after a stop.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(!task.is_finished(), "a stop lets the message in hand finish");
+    assert!(
+        !task.is_finished(),
+        "a stop lets the message in hand finish"
+    );
     task.abort();
 
     let transport = Arc::new(Faulty {
@@ -114,7 +134,10 @@ async fn stopped_hosts_are_handed_back_and_a_killed_supervisor_takes_them_along(
         ..Faulty::default()
     });
     let (_cluster, supervisor, ctx) = supervisor_over(transport.clone()).await;
-    assert!(probes_reach(&transport, 1).await, "the host was never probed");
+    assert!(
+        probes_reach(&transport, 1).await,
+        "the host was never probed"
+    );
     supervisor.kill();
     drop(ctx);
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::{HostActorState, HostRef, registration};
 use crate::actors::status::{
     ProbeStamp, ready_condition_synced, stamp_due, write_status_if_changed,
@@ -15,14 +14,12 @@ use crate::k8s::events;
 use crate::k8s::{Cluster, ClusterError, EventType};
 use crate::ssh::{ProbeReport, Transport};
 use crate::telemetry::lifecycle::millis;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tracing::Instrument;
 use tracing::field::Empty;
 
 /// Probe once, write what changed, schedule the next probe.
-pub async fn run<C: Cluster, T: Transport>(
-    myself: &HostRef,
-    state: &mut HostActorState<C, T>,
-) {
+pub async fn run<C: Cluster, T: Transport>(myself: &HostRef, state: &mut HostActorState<C, T>) {
     // Each probe is a trace of its own (zombie actions it triggers are children).
     let span = tracing::info_span!(
         parent: None,
