@@ -47,6 +47,14 @@ impl Transport for Faulty {
     async fn forget(&self, _: &str) {}
 }
 
+/// A transport whose every probe hangs (until the probe timeout).
+fn hanging() -> Arc<Faulty> {
+    Arc::new(Faulty {
+        hang: true,
+        ..Faulty::default()
+    })
+}
+
 async fn supervisor_over(
     transport: Arc<Faulty>,
 ) -> (
@@ -104,10 +112,7 @@ async fn a_panicking_host_actor_is_restarted_from_the_api() {
 /// killing the supervisor aborts the host actors it holds.
 #[tokio::test(start_paused = true)]
 async fn stopped_hosts_are_handed_back_and_a_killed_supervisor_takes_them_along() {
-    let transport = Arc::new(Faulty {
-        hang: true,
-        ..Faulty::default()
-    });
+    let transport = hanging();
     let (_cluster, supervisor, _ctx) = supervisor_over(transport.clone()).await;
     assert!(
         probes_reach(&transport, 1).await,
@@ -129,10 +134,7 @@ async fn stopped_hosts_are_handed_back_and_a_killed_supervisor_takes_them_along(
     );
     task.abort();
 
-    let transport = Arc::new(Faulty {
-        hang: true,
-        ..Faulty::default()
-    });
+    let transport = hanging();
     let (_cluster, supervisor, ctx) = supervisor_over(transport.clone()).await;
     assert!(
         probes_reach(&transport, 1).await,
