@@ -88,7 +88,8 @@ impl HostRef {
     }
 
     /// Whether the actor's task has ended.
-    pub fn is_closed(&self) -> bool {
+    #[cfg(test)]
+    fn is_closed(&self) -> bool {
         self.0.lock().closed
     }
 }

@@ -260,7 +260,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 #[tracing::instrument(level = "debug", skip_all, fields(host = %state.name))]
 async fn handle<C: Cluster, T: Transport>(msg: HostMsg, state: &mut HostActorState<C, T>) {
     state.ctx.metrics.mailbox_out("host");
-    let myself = state.myself.clone();
     // Each arm is boxed: the actor's task holds this future for its whole life, and inline
     // it would be as large as the largest arm (a launch), in every one of 10,000 hosts.
     match msg {
@@ -276,7 +275,7 @@ async fn handle<C: Cluster, T: Transport>(msg: HostMsg, state: &mut HostActorSta
                 state.stamp_next_probe = true;
             }
             if state.needs_probe_now(&old) {
-                Box::pin(probe::run(&myself, state)).await;
+                Box::pin(probe::run(state)).await;
             }
         }
         HostMsg::BackoffDue => {
@@ -289,12 +288,12 @@ async fn handle<C: Cluster, T: Transport>(msg: HostMsg, state: &mut HostActorSta
                 tracing::warn!(host = %state.key(), error = %e, "launch backoff not reset");
             }
             state.forget_target();
-            Box::pin(probe::run(&myself, state)).await;
+            Box::pin(probe::run(state)).await;
         }
-        HostMsg::Probe => Box::pin(probe::run(&myself, state)).await,
+        HostMsg::Probe => Box::pin(probe::run(state)).await,
         HostMsg::ProbeDue(ticket) => {
             if ticket == state.probe_ticket {
-                Box::pin(probe::run(&myself, state)).await;
+                Box::pin(probe::run(state)).await;
             }
         }
         HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{HostActorState, HostRef, registration};
+use super::{HostActorState, registration};
 use crate::actors::status::{
     ProbeStamp, ready_condition_synced, stamp_due, write_status_if_changed,
 };
@@ -19,7 +19,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 /// Probe once, write what changed, schedule the next probe.
-pub async fn run<C: Cluster, T: Transport>(myself: &HostRef, state: &mut HostActorState<C, T>) {
+pub async fn run<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>) {
     // Each probe is a trace of its own (zombie actions it triggers are children).
     let span = tracing::info_span!(
         parent: None,
@@ -60,7 +60,7 @@ pub async fn run<C: Cluster, T: Transport>(myself: &HostRef, state: &mut HostAct
             backoff(state)
         }
     };
-    schedule(myself, state, next);
+    schedule(state, next);
 }
 
 /// Exponential backoff with up to 20% jitter (from the seeded random source), so that hosts
@@ -80,14 +80,13 @@ fn backoff<C: Cluster, T: Transport>(state: &HostActorState<C, T>) -> std::time:
 
 /// The next periodic probe, `after` from now (any one scheduled before is void).
 fn schedule<C: Cluster, T: Transport>(
-    myself: &HostRef,
     state: &mut HostActorState<C, T>,
     after: std::time::Duration,
 ) {
     state.probe_ticket = state.probe_ticket.wrapping_add(1);
     state.ctx.probe_clock.schedule(
         tokio::time::Instant::now() + after,
-        Box::new(myself.clone()),
+        Box::new(state.myself.clone()),
         state.probe_ticket,
         &state.ctx.metrics,
     );
