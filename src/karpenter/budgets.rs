@@ -270,8 +270,10 @@ mod tests {
                     Some(Time(Timestamp::UNIX_EPOCH));
             }
             st.nodeclaims.insert(c, nc);
-            st.nodes
-                .insert(n.clone(), node(&n, if i == 0 { "False" } else { "True" }));
+            st.nodes.insert(
+                n.clone(),
+                Arc::new(node(&n, if i == 0 { "False" } else { "True" })),
+            );
         }
         for i in 10..12 {
             st.nodeclaims

@@ -31,8 +31,9 @@ pub struct Inner {
     /// the other watchers (the claims change often and every controller of the layer reads
     /// them).
     pub nodeclaims: BTreeMap<String, Arc<NodeClaim>>,
-    /// Every Node (pods of ours may fit on foreign nodes), by name.
-    pub nodes: BTreeMap<String, Node>,
+    /// Every Node (pods of ours may fit on foreign nodes), by name; shared with the store and
+    /// the other watchers, like the claims.
+    pub nodes: BTreeMap<String, Arc<Node>>,
     /// Node names by `spec.providerID`, so that finding a launched claim's Node before its
     /// nodeName is recorded is a lookup, not a scan of every Node. Several: a provider ID
     /// names a machine (kpssh's `kpssh://<ns>/<host>`, or the join's under Adopt), so the
@@ -134,7 +135,7 @@ impl Inner {
     pub fn node_of(&self, nc: &NodeClaim) -> Option<&Node> {
         let status = nc.status.as_ref()?;
         if let Some(n) = status.node_name.as_ref().and_then(|n| self.nodes.get(n)) {
-            return Some(n);
+            return Some(&**n);
         }
         let pid = status.provider_id.as_deref().filter(|p| !p.is_empty())?;
         // Of the Nodes with the claim's provider ID, the one it owns, else the one named
@@ -146,7 +147,7 @@ impl Inner {
         let claim = nc.metadata.name.as_deref();
         (self.nodes_by_provider.get(pid).into_iter().flatten())
             .filter_map(|name| {
-                let node = self.nodes.get(name)?;
+                let node: &Node = self.nodes.get(name)?;
                 if older_than(&node.metadata, &nc.metadata) {
                     return None;
                 }
@@ -331,7 +332,7 @@ impl ClusterState {
         vec![
             self.track::<NodePool, _>(cluster.watch(None), apply_nodepool),
             self.track::<NodeClaim, _>(cluster.watch_shared(None), apply_nodeclaim),
-            self.track::<Node, _>(cluster.watch(None), apply_node),
+            self.track::<Node, _>(cluster.watch_shared(None), apply_node),
             self.track::<Pod, _>(cluster.watch(None), apply_pod),
             self.track::<DaemonSet, _>(cluster.watch(None), apply_daemonset),
             self.track::<PodDisruptionBudget, _>(cluster.watch(None), apply_pdb),
@@ -542,25 +543,30 @@ fn index_claim(st: &mut Inner, nc: &NodeClaim) {
     }
 }
 
-fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
+fn apply_node(st: &mut Inner, c: Change<Arc<Node>>, _: Timestamp) {
     match &c {
         Change::Reset(all) => {
             st.nodes_by_provider.clear();
             for n in all {
                 if let Some(pid) = provider_of(n) {
-                    (st.nodes_by_provider.entry(pid.to_string()).or_default()).insert(name_of(n));
+                    (st.nodes_by_provider.entry(pid.to_string()).or_default())
+                        .insert(name_of(&**n));
                 }
             }
             st.touched_claims.extend(st.nodeclaims.keys().cloned());
         }
         // A stale event (older than what we hold) is dropped by apply_named below.
-        Change::Upsert(n) if st.nodes.get(&name_of(n)).is_some_and(|old| rv(old) > rv(n)) => {}
+        Change::Upsert(n)
+            if st
+                .nodes
+                .get(&name_of(&**n))
+                .is_some_and(|old| rv(&**old) > rv(&**n)) => {}
         Change::Upsert(n) | Change::Delete(n) => {
-            let name = name_of(n);
+            let name = name_of(&**n);
             let old = st
                 .nodes
                 .get(&name)
-                .and_then(provider_of)
+                .and_then(|n| provider_of(n))
                 .map(str::to_string);
             if let Some(pid) = &old
                 && let Some(names) = st.nodes_by_provider.get_mut(pid)
@@ -587,9 +593,9 @@ fn apply_node(st: &mut Inner, c: Change<Node>, _: Timestamp) {
     }
     let changed = match &c {
         Change::Reset(_) => None,
-        Change::Upsert(n) | Change::Delete(n) => Some(name_of(n)),
+        Change::Upsert(n) | Change::Delete(n) => Some(name_of(&**n)),
     };
-    apply_named(&mut st.nodes, c, |_| true);
+    apply_named(&mut st.nodes, c, |_: &Node| true);
     match changed {
         Some(name) => track_not_ready(st, &name),
         None => {

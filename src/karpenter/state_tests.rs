@@ -66,25 +66,41 @@ fn repair_candidates_are_the_claims_of_nodes_not_ready() {
     let a = claim("a", 1, Some("p://a"));
     apply_nodeclaim(&mut st, Change::Upsert(Arc::new(a.clone())), now());
     let worker = |rv: u64, ready: &str| with_ready(node("worker-1", rv, "p://a"), ready);
-    apply_node(&mut st, Change::Upsert(worker(2, "True")), now());
+    apply_node(&mut st, Change::Upsert(Arc::new(worker(2, "True"))), now());
     assert!(candidates(&st).is_empty(), "Ready node");
-    apply_node(&mut st, Change::Upsert(worker(3, "False")), now());
+    apply_node(&mut st, Change::Upsert(Arc::new(worker(3, "False"))), now());
     assert_eq!(candidates(&st), ["a"], "found by provider ID");
-    apply_node(&mut st, Change::Upsert(worker(4, "True")), now());
+    apply_node(&mut st, Change::Upsert(Arc::new(worker(4, "True"))), now());
     assert!(candidates(&st).is_empty(), "Ready again");
-    apply_node(&mut st, Change::Upsert(worker(5, "Unknown")), now());
-    apply_node(&mut st, Change::Delete(node("worker-1", 6, "p://a")), now());
+    apply_node(
+        &mut st,
+        Change::Upsert(Arc::new(worker(5, "Unknown"))),
+        now(),
+    );
+    apply_node(
+        &mut st,
+        Change::Delete(Arc::new(node("worker-1", 6, "p://a"))),
+        now(),
+    );
     assert!(candidates(&st).is_empty(), "a deleted Node is no candidate");
-    apply_node(&mut st, Change::Reset(vec![worker(7, "False")]), now());
+    apply_node(
+        &mut st,
+        Change::Reset(vec![Arc::new(worker(7, "False"))]),
+        now(),
+    );
     assert_eq!(candidates(&st), ["a"], "a restart rebuilds the set");
     // Not Ready twice over is one Node: Ready once clears it.
-    apply_node(&mut st, Change::Upsert(worker(8, "False")), now());
-    apply_node(&mut st, Change::Upsert(worker(9, "True")), now());
+    apply_node(&mut st, Change::Upsert(Arc::new(worker(8, "False"))), now());
+    apply_node(&mut st, Change::Upsert(Arc::new(worker(9, "True"))), now());
     assert!(candidates(&st).is_empty(), "Ready after repeated NotReady");
     // A NotReady Node whose provider ID changes no longer answers for the old one.
-    apply_node(&mut st, Change::Upsert(worker(10, "False")), now());
+    apply_node(
+        &mut st,
+        Change::Upsert(Arc::new(worker(10, "False"))),
+        now(),
+    );
     let moved = with_ready(node("worker-1", 11, "p://b"), "False");
-    apply_node(&mut st, Change::Upsert(moved), now());
+    apply_node(&mut st, Change::Upsert(Arc::new(moved)), now());
     assert!(candidates(&st).is_empty(), "stale provider ID");
     // The host claimed again: the new claim carries the same provider ID while the old
     // one is still there, being deleted; only the new one is a candidate, and it stays one
@@ -131,7 +147,11 @@ fn a_node_change_touches_its_claim_by_name_or_provider_id() {
     assert!(st.nodeclaims.contains_key("a"), "claim of ours kept");
     st.touched_claims.lifecycle.clear();
     // Adopt: the Node has its own name; the provider ID leads to claim b.
-    apply_node(&mut st, Change::Upsert(node("worker-7", 3, "p://b")), now());
+    apply_node(
+        &mut st,
+        Change::Upsert(Arc::new(node("worker-7", 3, "p://b"))),
+        now(),
+    );
     assert_eq!(
         st.touched_claims.lifecycle,
         BTreeSet::from(["b".to_string()])
@@ -143,7 +163,11 @@ fn a_node_change_touches_its_claim_by_name_or_provider_id() {
     );
     st.touched_claims.lifecycle.clear();
     // Static: the Node is named after its claim.
-    apply_node(&mut st, Change::Upsert(node("a", 4, "p://x")), now());
+    apply_node(
+        &mut st,
+        Change::Upsert(Arc::new(node("a", 4, "p://x"))),
+        now(),
+    );
     assert_eq!(
         st.touched_claims.lifecycle,
         BTreeSet::from(["a".to_string()])
@@ -161,14 +185,14 @@ fn a_claim_is_never_given_a_node_older_than_itself() {
     let mut st = Inner::default();
     let mut old = node("stale", 2, "p://m");
     old.metadata.creation_timestamp = at("2026-01-01T00:05:00Z");
-    apply_node(&mut st, Change::Upsert(old), now());
+    apply_node(&mut st, Change::Upsert(Arc::new(old)), now());
     assert!(
         st.node_of(&nc).is_none(),
         "the stale Node is not the claim's"
     );
     let mut fresh = node("mi-1", 3, "p://m");
     fresh.metadata.creation_timestamp = at("2026-01-01T01:00:00Z");
-    apply_node(&mut st, Change::Upsert(fresh), now());
+    apply_node(&mut st, Change::Upsert(Arc::new(fresh)), now());
     let name = st.node_of(&nc).and_then(|n| n.metadata.name.clone());
     assert_eq!(
         name.as_deref(),
@@ -205,21 +229,29 @@ fn a_claim_is_never_given_the_node_another_claim_owns() {
             node(new_node, 3, "p://m"),
         ];
         all.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        apply_node(&mut st, Change::Reset(all), now());
+        apply_node(
+            &mut st,
+            Change::Reset(all.into_iter().map(Arc::new).collect()),
+            now(),
+        );
         assert_eq!(
             name(&st, &new),
             Some(new_node.to_string()),
             "unowned, not the old"
         );
         // Owned by the claim: preferred over one named after it.
-        apply_node(&mut st, Change::Upsert(node("new", 4, "p://m")), now());
+        apply_node(
+            &mut st,
+            Change::Upsert(Arc::new(node("new", 4, "p://m"))),
+            now(),
+        );
         assert_eq!(
             name(&st, &new),
             Some("new".to_string()),
             "named after the claim"
         );
         let mine = owned_by(node(new_node, 5, "p://m"), "u-new");
-        apply_node(&mut st, Change::Upsert(mine), now());
+        apply_node(&mut st, Change::Upsert(Arc::new(mine)), now());
         assert_eq!(
             name(&st, &new),
             Some(new_node.to_string()),
@@ -227,7 +259,11 @@ fn a_claim_is_never_given_the_node_another_claim_owns() {
         );
         // Only the old claim's Node left: the new claim has none.
         for gone in ["new", new_node] {
-            apply_node(&mut st, Change::Delete(node(gone, 6, "p://m")), now());
+            apply_node(
+                &mut st,
+                Change::Delete(Arc::new(node(gone, 6, "p://m"))),
+                now(),
+            );
         }
         assert_eq!(name(&st, &new), None);
     }
@@ -236,14 +272,26 @@ fn a_claim_is_never_given_the_node_another_claim_owns() {
 #[test]
 fn a_stale_node_event_leaves_the_provider_index_alone() {
     let mut st = Inner::default();
-    apply_node(&mut st, Change::Upsert(node("n", 5, "p://new")), now());
-    apply_node(&mut st, Change::Upsert(node("n", 4, "p://old")), now());
+    apply_node(
+        &mut st,
+        Change::Upsert(Arc::new(node("n", 5, "p://new"))),
+        now(),
+    );
+    apply_node(
+        &mut st,
+        Change::Upsert(Arc::new(node("n", 4, "p://old"))),
+        now(),
+    );
     assert_eq!(
         st.nodes_by_provider.get("p://new"),
         Some(&BTreeSet::from(["n".to_string()]))
     );
     assert!(!st.nodes_by_provider.contains_key("p://old"));
-    apply_node(&mut st, Change::Delete(node("n", 6, "p://new")), now());
+    apply_node(
+        &mut st,
+        Change::Delete(Arc::new(node("n", 6, "p://new"))),
+        now(),
+    );
     assert!(
         st.nodes_by_provider.is_empty(),
         "{:?}",

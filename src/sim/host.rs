@@ -26,7 +26,8 @@ impl SimPhase {
     }
 }
 
-/// One command as the host received it.
+/// One command as the host received it (on a host with seeded `behaviour`, only its phase:
+/// the script and environment are left empty to keep fleet simulations small).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecRecord {
     pub phase: Option<SimPhase>,

@@ -22,7 +22,7 @@ pub(super) struct Mirror {
     claim_names: HashMap<String, String>,
     /// Live claims and unbound ones per class (see [`ClaimCounts`]).
     claim_counts: HashMap<String, ClaimCounts>,
-    pub nodes: BTreeMap<String, Node>,
+    pub nodes: BTreeMap<String, Arc<Node>>,
     pub tokens: BTreeMap<String, KubeSecret>,
 }
 

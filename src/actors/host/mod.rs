@@ -297,17 +297,22 @@ async fn handle<C: Cluster, T: Transport>(msg: HostMsg, state: &mut HostActorSta
             }
         }
         HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,
-        HostMsg::Release(claim) => {
-            let unregistered = Box::pin(failure::unregistered_claim(state, &claim)).await;
-            Box::pin(release::run(state, &claim)).await;
-            if let Some(nc) = unregistered
-                && state.host.claim() != Some(&claim)
-            {
-                Box::pin(failure::registration_failed(state, &claim, &nc)).await;
-            }
-        }
+        HostMsg::Release(claim) => Box::pin(release(state, &claim)).await,
         HostMsg::NodeSeen(node) => Box::pin(registration::node_seen(state, &node)).await,
         HostMsg::AdoptDeadline(claim) => Box::pin(launch::adopt_deadline(state, &claim)).await,
+    }
+}
+
+/// A release, and a registration failure reported if the claim never registered. Apart
+/// from [`handle`]: the NodeClaim it holds across the release would make every actor's task
+/// that much larger for its whole life.
+async fn release<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, claim: &ClaimRef) {
+    let unregistered = Box::pin(failure::unregistered_claim(state, claim)).await;
+    Box::pin(release::run(state, claim)).await;
+    if let Some(nc) = unregistered
+        && state.host.claim() != Some(claim)
+    {
+        Box::pin(failure::registration_failed(state, claim, &nc)).await;
     }
 }
 
@@ -321,6 +326,22 @@ impl crate::provider::probe_clock::ProbeTarget for HostRef {
 #[cfg(test)]
 mod tests {
     use super::SeenVersion;
+
+    fn returned_size<A, B, R>(_: fn(A, B) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// Every host actor's task holds the future of the message in hand for its whole life, so
+    /// whatever that future keeps across an await is paid per host: a NodeClaim held across
+    /// a release made it 1.9 KiB (in a test build), 190 MB over a 100,000-host fleet.
+    #[test]
+    fn the_per_message_future_held_by_every_actor_stays_small() {
+        type State = super::HostActorState<crate::k8s::MemoryCluster, crate::sim::SimTransport>;
+        let handle = returned_size::<super::HostMsg, &mut State, _>(
+            super::handle::<crate::k8s::MemoryCluster, crate::sim::SimTransport>,
+        );
+        assert!(handle <= 768, "handle's future is {handle} bytes");
+    }
 
     /// The supervisor drops a watch event only when the actor already holds that version or a
     /// newer one; an older publish never lowers the mark, and an unreadable version (0) is

@@ -425,7 +425,8 @@ pub(super) mod tests {
     pub(in super::super) fn state(nodes: &[(&str, &str)], pods: Vec<Pod>) -> Inner {
         let mut st = Inner::default();
         for (n, cpu) in nodes {
-            st.nodes.insert(n.to_string(), node(n, cpu));
+            st.nodes
+                .insert(n.to_string(), std::sync::Arc::new(node(n, cpu)));
         }
         for p in pods {
             let key = (

@@ -328,7 +328,7 @@ mod tests {
             .iter()
             .map(|n| Candidate {
                 claim: NodeClaim::new(&format!("nc-{n}"), Default::default()),
-                node: st.nodes.get(*n).cloned().unwrap_or_else(|| node(n, "4")),
+                node: (st.nodes.get(*n)).map_or_else(|| node(n, "4"), |n| n.as_ref().clone()),
                 reason: Reason::Underutilized,
                 pods: moving_pods(st, n).len(),
             })

@@ -91,7 +91,7 @@ impl Runner<'_> {
         let at = Time(self.world.ctx.clock.now());
         self.suspend(true);
         for (name, status) in writes {
-            let Some(mut node) = self.mirror.nodes.get(&name).cloned() else {
+            let Some(mut node) = self.mirror.nodes.get(&name).map(|n| n.as_ref().clone()) else {
                 continue;
             };
             set_ready(&mut node, status, at.clone());

@@ -179,7 +179,7 @@ struct HostInfo {
 struct Watches {
     hosts: WatchStream<Arc<SSHHost>>,
     claims: WatchStream<Arc<NodeClaim>>,
-    nodes: WatchStream<Node>,
+    nodes: WatchStream<Arc<Node>>,
     tokens: WatchStream<KubeSecret>,
 }
 
@@ -484,7 +484,7 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
     let watches = Watches {
         hosts: cluster.watch_shared::<SSHHost>(Some(&ns)),
         claims: cluster.watch_shared::<NodeClaim>(None),
-        nodes: cluster.watch::<Node>(None),
+        nodes: cluster.watch_shared::<Node>(None),
         tokens: cluster.watch::<KubeSecret>(Some(TOKEN_NS)),
     };
     // The schedule: demand curves and faults, all drawn from the seed up front.
