@@ -297,7 +297,7 @@ async fn handle<C: Cluster, T: Transport>(msg: HostMsg, state: &mut HostActorSta
             }
         }
         HostMsg::Launch(claim) => Box::pin(launch::run(state, &claim)).await,
-        HostMsg::Release(claim) => Box::pin(release(state, &claim)).await,
+        HostMsg::Release(claim) => Box::pin(release_claim(state, &claim)).await,
         HostMsg::NodeSeen(node) => Box::pin(registration::node_seen(state, &node)).await,
         HostMsg::AdoptDeadline(claim) => Box::pin(launch::adopt_deadline(state, &claim)).await,
     }
@@ -306,7 +306,10 @@ async fn handle<C: Cluster, T: Transport>(msg: HostMsg, state: &mut HostActorSta
 /// A release, and a registration failure reported if the claim never registered. Apart
 /// from [`handle`]: the NodeClaim it holds across the release would make every actor's task
 /// that much larger for its whole life.
-async fn release<C: Cluster, T: Transport>(state: &mut HostActorState<C, T>, claim: &ClaimRef) {
+async fn release_claim<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: &ClaimRef,
+) {
     let unregistered = Box::pin(failure::unregistered_claim(state, claim)).await;
     Box::pin(release::run(state, claim)).await;
     if let Some(nc) = unregistered
