@@ -131,6 +131,7 @@ pub struct Metrics {
     /// builds its label set, a string, each time.
     host_mailbox: OnceLock<Gauge<i64, AtomicI64>>,
     probe_outcomes: [OnceLock<Histogram>; 2],
+    probe_wait: OnceLock<Histogram>,
     registry: Registry,
 }
 
@@ -301,6 +302,7 @@ impl Metrics {
             pending_since: Mutex::new(BTreeMap::new()),
             host_mailbox: OnceLock::new(),
             probe_outcomes: [OnceLock::new(), OnceLock::new()],
+            probe_wait: OnceLock::new(),
             registry,
         }
     }
@@ -350,11 +352,21 @@ impl Metrics {
 
     /// A fleet-wide limit was waited for.
     pub fn limiter_waited(&self, limit: &str, waited: std::time::Duration) {
-        self.limiter_wait
-            .get_or_create(&LimitLabels {
-                limit: limit.into(),
-            })
-            .observe(waited.as_secs_f64());
+        let lookup = || {
+            self.limiter_wait
+                .get_or_create(&LimitLabels {
+                    limit: limit.into(),
+                })
+                .clone()
+        };
+        // The probe's histogram is kept at hand: every probe of the fleet records its wait.
+        if limit == "probe" {
+            self.probe_wait
+                .get_or_init(lookup)
+                .observe(waited.as_secs_f64());
+        } else {
+            lookup().observe(waited.as_secs_f64());
+        }
     }
 
     /// A message was queued for an actor of `actor` kind.

@@ -175,6 +175,25 @@ impl SimHost {
         }
     }
 
+    /// What the probe parses out of [`SimHost::probe_stdout`], without writing and parsing
+    /// the text: the steady probe of a simulated fleet (millions a day). `None` when the
+    /// output is set by hand or the facts would not parse as written (a zero, an arch that
+    /// is not one plain word): those go through the real parser. A unit test holds the two
+    /// paths to the same answer.
+    pub fn probe_facts(&self) -> Option<crate::ssh::ProbeFacts> {
+        let plain_arch =
+            !self.arch.is_empty() && self.arch.bytes().all(|b| b.is_ascii_graphic() && b != b'=');
+        if self.probe_output.is_some() || self.cpu == 0 || self.memory_kib == 0 || !plain_arch {
+            return None;
+        }
+        Some(crate::ssh::ProbeFacts {
+            cpu: self.cpu,
+            memory_kib: self.memory_kib,
+            arch: crate::ssh::probe::normalize_arch(&self.arch),
+            kubelet_active: self.kubelet_active,
+        })
+    }
+
     pub fn probe_stdout(&self) -> String {
         if let Some(o) = &self.probe_output {
             return o.clone();
@@ -275,4 +294,42 @@ fn unquote(q: &str) -> String {
         .and_then(|s| s.strip_suffix('\''))
         .unwrap_or(q);
     inner.replace("'\\''", "'")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SimHost;
+    use crate::ssh::probe::parse_probe_output;
+
+    /// The steady probe's facts without text must be what the parser makes of the text the
+    /// host would have written, and every host whose facts would not parse as written must
+    /// take the parser's path.
+    #[test]
+    fn probe_facts_agree_with_parsing_the_probe_output() {
+        let archs = [
+            "amd64", "x86_64", "aarch64", "arm64", "riscv64", "", " amd64", "amd64 ", "a=b", "x y",
+            "ünï", "arm\n64",
+        ];
+        let mut direct = 0;
+        for cpu in [0u32, 1, 4, 64] {
+            for memory_kib in [0u64, 1, 16 * 1024 * 1024] {
+                for arch in archs {
+                    for kubelet in [false, true] {
+                        let mut h = SimHost::new("10.0.0.1", cpu, memory_kib);
+                        h.arch = arch.to_string();
+                        h.kubelet_active = kubelet;
+                        let parsed = parse_probe_output(h.probe_stdout().as_bytes());
+                        if let Some(facts) = h.probe_facts() {
+                            direct += 1;
+                            assert_eq!(parsed.as_ref(), Ok(&facts), "{cpu} {memory_kib} {arch:?}");
+                        }
+                        h.probe_output = Some("kpssh-probe=1\ncpu=2\n".into());
+                        assert_eq!(h.probe_facts(), None, "output set by hand is parsed");
+                    }
+                }
+            }
+        }
+        // The fleet's ordinary hosts take the direct path: 3 × 2 non-zero sizes, 5 plain archs.
+        assert_eq!(direct, 3 * 2 * 5 * 2);
+    }
 }

@@ -9,12 +9,15 @@
 //! deterministic.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use crate::ssh::pool::PoolConfig;
 
 struct Entry {
+    /// Its host key, shared with `lru` (a call's release re-queues it without a copy).
+    key: Arc<str>,
     identity: u64,
     /// The host's power cuts when it was dialled: a cut since closed the connection.
     power_cuts: u64,
@@ -32,11 +35,11 @@ struct Entry {
 pub struct SimPool {
     config: PoolConfig,
     /// Fixed-seed foldhash: looked up on every SSH call of the fleet.
-    entries: HashMap<String, Entry, foldhash::fast::FixedState>,
+    entries: HashMap<Arc<str>, Entry, foldhash::fast::FixedState>,
     /// Use counter → host key of the idle connections (none in use), least recently used
     /// first: what the sweep may close. Busy ones are kept out, so that a sweep does not step
     /// over the hundreds a fleet's long joins hold at every dial.
-    lru: BTreeMap<u64, String>,
+    lru: BTreeMap<u64, Arc<str>>,
     seq: u64,
     dials: u64,
 }
@@ -88,16 +91,8 @@ impl SimPool {
     /// cut since the dial, the host up, and busy or used within the idle timeout.
     pub fn holds(&self, key: &str, identity: u64, host_up: bool, power_cuts: u64) -> bool {
         let now = Instant::now();
-        self.entries
-            .get(key)
-            .is_some_and(|e| self.usable(e, identity, host_up, power_cuts, now))
-    }
-
-    fn usable(&self, e: &Entry, identity: u64, up: bool, power_cuts: u64, now: Instant) -> bool {
-        e.identity == identity
-            && up
-            && e.power_cuts == power_cuts
-            && (e.in_use > 0 || now.duration_since(e.last_used) < self.config.idle_timeout)
+        (self.entries.get(key))
+            .is_some_and(|e| usable(&self.config, e, identity, host_up, power_cuts, now))
     }
 
     /// A call for `key` starts: reuse its pooled connection or dial (counted). `connects`
@@ -113,10 +108,8 @@ impl SimPool {
         connects: bool,
     ) -> (bool, u64) {
         let now = Instant::now();
-        let reuse = self
-            .entries
-            .get(key)
-            .is_some_and(|e| self.usable(e, identity, host_up, power_cuts, now));
+        let reuse = (self.entries.get(key))
+            .is_some_and(|e| usable(&self.config, e, identity, host_up, power_cuts, now));
         if !connects {
             // The real pool forgets a connection found broken or pinned differently; a failed
             // dial is still a dial.
@@ -138,9 +131,11 @@ impl SimPool {
         self.remove(key);
         self.dials += 1;
         let conn = self.dials;
+        let key: Arc<str> = Arc::from(key);
         self.entries.insert(
-            key.to_string(),
+            key.clone(),
             Entry {
+                key,
                 identity,
                 power_cuts,
                 last_used: now,
@@ -163,7 +158,7 @@ impl SimPool {
             e.last_used = Instant::now();
             e.in_use = e.in_use.saturating_sub(1);
             if e.in_use == 0 {
-                self.lru.insert(seq, key.to_string());
+                self.lru.insert(seq, e.key.clone());
             }
         }
     }
@@ -203,6 +198,20 @@ impl SimPool {
             self.entries.remove(&key);
         }
     }
+}
+
+fn usable(
+    config: &PoolConfig,
+    e: &Entry,
+    identity: u64,
+    up: bool,
+    power_cuts: u64,
+    now: Instant,
+) -> bool {
+    e.identity == identity
+        && up
+        && e.power_cuts == power_cuts
+        && (e.in_use > 0 || now.duration_since(e.last_used) < config.idle_timeout)
 }
 
 #[cfg(test)]

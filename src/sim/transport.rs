@@ -23,7 +23,8 @@ use crate::k8s::{Cluster, ClusterError, MemoryCluster};
 use crate::ssh::pool::PoolConfig;
 use crate::ssh::probe::parse_probe_output;
 use crate::ssh::{
-    CommandOutput, HostKeyPin, HostTarget, ProbeReport, RemoteCommand, Transport, TransportError,
+    CommandOutput, HostKeyPin, HostTarget, ProbeFacts, ProbeReport, RemoteCommand, Transport,
+    TransportError,
 };
 
 /// Commands kept in the log of a host with a seeded behaviour.
@@ -64,9 +65,11 @@ pub struct Journal {
 struct Link {
     fingerprint: String,
     handshake_delay: Duration,
-    /// The probe's output (empty for a phase).
-    stdout: String,
+    /// What the probe sees: the facts, or the output to parse when the host's is set by
+    /// hand (see [`SimHost::probe_facts`]); nothing for a phase.
+    probed: Option<Result<ProbeFacts, String>>,
     behaviour: Option<super::host::Behaviour>,
+    /// Phases that hang on this host (empty for a probe).
     hang: Vec<SimPhase>,
     phase_latency: Duration,
     /// The host's power cuts when the session opened.
@@ -358,13 +361,9 @@ impl SimTransport {
         Ok(Link {
             fingerprint: host.fingerprint.clone(),
             handshake_delay: host.handshake_delay,
-            stdout: if probe {
-                host.probe_stdout()
-            } else {
-                String::new()
-            },
+            probed: probe.then(|| host.probe_facts().ok_or_else(|| host.probe_stdout())),
             behaviour: host.behaviour,
-            hang: host.hang.clone(),
+            hang: if probe { Vec::new() } else { host.hang.clone() },
             phase_latency: host.phase_latency,
             power_cuts: host.power_cuts,
             _pooled: PoolUse {
@@ -498,11 +497,16 @@ impl Transport for SimTransport {
         if !host.handshake_delay.is_zero() {
             tokio::time::sleep(host.handshake_delay).await;
         }
-        let facts =
-            parse_probe_output(host.stdout.as_bytes()).map_err(|source| TransportError::Probe {
-                host: target.host.clone(),
-                source,
-            })?;
+        // (A probe's link always carries what it sees; an empty output would not parse.)
+        let facts = match host.probed.unwrap_or_else(|| Err(String::new())) {
+            Ok(facts) => facts,
+            Err(stdout) => {
+                parse_probe_output(stdout.as_bytes()).map_err(|source| TransportError::Probe {
+                    host: target.host.clone(),
+                    source,
+                })?
+            }
+        };
         Ok(ProbeReport {
             facts,
             fingerprint: host.fingerprint,

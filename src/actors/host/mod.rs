@@ -140,9 +140,15 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
         {
             return Ok(t.target.clone());
         }
-        let built =
-            target::cached_host_target(&self.ctx.cluster, &self.ctx.keys, refresh, &ns, &self.host)
-                .await?;
+        // Boxed: a rebuild (every `target_refresh`) would otherwise size every probe's future.
+        let built = Box::pin(target::cached_host_target(
+            &self.ctx.cluster,
+            &self.ctx.keys,
+            refresh,
+            &ns,
+            &self.host,
+        ))
+        .await?;
         let cached = target::CachedTarget::new(&self.host, built);
         let shared = cached.target.clone();
         self.target = Some(cached);
@@ -344,6 +350,20 @@ mod tests {
             super::handle::<crate::k8s::MemoryCluster, crate::sim::SimTransport>,
         );
         assert!(handle <= 768, "handle's future is {handle} bytes");
+    }
+
+    /// Each probe builds its future and moves it into a box: a fleet runs millions a day, so
+    /// every byte of it is copied millions of times. A status write awaited inline (most
+    /// probes write nothing) made it 3,152 bytes in a test build; boxed, 1,160.
+    #[test]
+    fn the_future_built_for_every_probe_stays_small() {
+        type M = crate::k8s::MemoryCluster;
+        type S = crate::sim::SimTransport;
+        fn returned<A, R>(_: fn(A) -> R) -> usize {
+            std::mem::size_of::<R>()
+        }
+        let probe = returned::<&mut super::HostActorState<M, S>, _>(super::probe::run::<M, S>);
+        assert!(probe <= 1536, "a probe's future is {probe} bytes");
     }
 
     /// The supervisor drops a watch event only when the actor already holds that version or a

@@ -376,9 +376,7 @@ async fn report_capacity_drift<C: Cluster, T: Transport>(state: &mut HostActorSt
             observed_summary(&state.host),
             declared_summary(&state.host)
         );
-        state
-            .event(EventType::Warning, events::CAPACITY_DRIFT, msg)
-            .await;
+        Box::pin(state.event(EventType::Warning, events::CAPACITY_DRIFT, msg)).await;
     }
     state.drift_reported = Some(drifted);
 }
@@ -426,13 +424,17 @@ pub async fn write<C: Cluster, T: Transport>(
     stamp: ProbeStamp,
     change: impl FnOnce(&mut SSHHostStatus),
 ) -> Result<(), ClusterError> {
-    let updated = write_status_if_changed(
+    // Boxed: the write's future (the API call in it) is kilobytes, and inline it would make
+    // every future that may write as large: the steady probe's among them, built, copied and
+    // dropped for each of the millions of probes a fleet runs a day, most of which write
+    // nothing.
+    let updated = Box::pin(write_status_if_changed(
         &state.ctx.cluster,
         &state.ctx.clock,
         &state.host,
         stamp,
         change,
-    )
+    ))
     .await?;
     if let Some(updated) = updated {
         state.observe(updated);

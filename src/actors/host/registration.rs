@@ -33,12 +33,23 @@ pub fn static_provider_id(ns: &str, host: &str) -> String {
 pub async fn release_if_stale<C: Cluster, T: Transport>(
     state: &mut HostActorState<C, T>,
 ) -> Result<bool, ClusterError> {
-    let Some(claim) = state.host.claim().cloned() else {
+    // Looked at before anything is copied: every probe of a claimed host comes here.
+    let Some(claim) = state.host.claim() else {
         return Ok(false);
     };
     if state.ctx.claims.contains(&claim.uid) {
         return Ok(false);
     }
+    let claim = claim.clone();
+    // Boxed: the probe's future would otherwise carry this rare path's API calls.
+    Box::pin(release_stale(state, claim)).await
+}
+
+/// [`release_if_stale`] past its quick check: the claim is not one the router's watch holds.
+async fn release_stale<C: Cluster, T: Transport>(
+    state: &mut HostActorState<C, T>,
+    claim: crate::api::ClaimRef,
+) -> Result<bool, ClusterError> {
     let current: Option<NodeClaim> = state.ctx.cluster.get(None, &claim.name).await?;
     if current.is_some_and(|nc| nc.metadata.uid.as_deref() == Some(claim.uid.as_str())) {
         return Ok(false);

@@ -160,9 +160,24 @@ pub fn run_blocking(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result
         .start_paused(true)
         .build()
         .map_err(|e| e.to_string())?;
-    let out = rt.block_on(run(scenario, seed, opts));
+    let out = without_log_shim(|| rt.block_on(run(scenario, seed, opts)));
     rt.shutdown_background();
     out
+}
+
+/// Run `f` with tracing's spans off when nothing listens to them (no subscriber set, as in
+/// `kpssh sim`), instead of leaving that to tracing's `log` compatibility, which kube-client
+/// turns on: with no dispatcher ever set, it builds every span's fields for the `log` crate
+/// (whose own check then drops them), and a fleet day opens millions of spans, each with a
+/// formatted host key. A subscriber the caller set is left as it is.
+fn without_log_shim<R>(f: impl FnOnce() -> R) -> R {
+    use tracing::subscriber::NoSubscriber;
+    let listened = tracing::dispatcher::get_default(|d| !d.is::<NoSubscriber>());
+    if listened {
+        f()
+    } else {
+        tracing::subscriber::with_default(NoSubscriber::default(), f)
+    }
 }
 
 /// A host as the runner knows it.
@@ -689,4 +704,25 @@ pub async fn run(scenario: &Scenario, seed: u64, opts: &RunOptions) -> Result<Ou
         trace,
         timeline,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Inside a simulation run no span builds its fields when nobody listens (with no
+    /// dispatcher set, tracing's `log` compatibility would format each of them).
+    #[test]
+    fn a_run_builds_no_span_fields_for_a_logger_that_is_not_there() {
+        let built = AtomicUsize::new(0);
+        let field = || {
+            built.fetch_add(1, Ordering::SeqCst);
+            "h"
+        };
+        super::without_log_shim(|| {
+            let span = tracing::info_span!("probe", host = %field());
+            span.record("outcome", "ok");
+        });
+        assert_eq!(built.load(Ordering::SeqCst), 0, "a span's field was built");
+    }
 }
