@@ -135,6 +135,20 @@ pub struct Metrics {
     registry: Registry,
 }
 
+/// The series `lookup` finds, kept in `hot` (looked up once) when `is_hot`: a family lookup
+/// builds its label set, a string, each time, too much for a series every probe moves.
+fn hot_or<'a, M: Clone>(
+    hot: &'a OnceLock<M>,
+    is_hot: bool,
+    lookup: impl FnOnce() -> M,
+) -> std::borrow::Cow<'a, M> {
+    if is_hot {
+        std::borrow::Cow::Borrowed(hot.get_or_init(lookup))
+    } else {
+        std::borrow::Cow::Owned(lookup())
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -352,21 +366,15 @@ impl Metrics {
 
     /// A fleet-wide limit was waited for.
     pub fn limiter_waited(&self, limit: &str, waited: std::time::Duration) {
-        let lookup = || {
+        // The probe's histogram is kept at hand: every probe of the fleet records its wait.
+        let series = hot_or(&self.probe_wait, limit == "probe", || {
             self.limiter_wait
                 .get_or_create(&LimitLabels {
                     limit: limit.into(),
                 })
                 .clone()
-        };
-        // The probe's histogram is kept at hand: every probe of the fleet records its wait.
-        if limit == "probe" {
-            self.probe_wait
-                .get_or_init(lookup)
-                .observe(waited.as_secs_f64());
-        } else {
-            lookup().observe(waited.as_secs_f64());
-        }
+        });
+        series.observe(waited.as_secs_f64());
     }
 
     /// A message was queued for an actor of `actor` kind.
@@ -384,18 +392,13 @@ impl Metrics {
     }
 
     fn with_mailbox(&self, actor: &str, f: impl FnOnce(&Gauge<i64, AtomicI64>)) {
-        let lookup = || {
+        f(&hot_or(&self.host_mailbox, actor == "host", || {
             self.mailbox_depth
                 .get_or_create(&ActorLabels {
                     actor: actor.into(),
                 })
                 .clone()
-        };
-        if actor == "host" {
-            f(self.host_mailbox.get_or_init(lookup));
-        } else {
-            f(&lookup());
-        }
+        }));
     }
 
     pub fn disruption(&self, reason: &str) {
