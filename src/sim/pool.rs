@@ -91,8 +91,16 @@ impl SimPool {
     /// cut since the dial, the host up, and busy or used within the idle timeout.
     pub fn holds(&self, key: &str, identity: u64, host_up: bool, power_cuts: u64) -> bool {
         let now = Instant::now();
-        (self.entries.get(key))
-            .is_some_and(|e| usable(&self.config, e, identity, host_up, power_cuts, now))
+        self.entries
+            .get(key)
+            .is_some_and(|e| self.usable(e, identity, host_up, power_cuts, now))
+    }
+
+    fn usable(&self, e: &Entry, identity: u64, up: bool, power_cuts: u64, now: Instant) -> bool {
+        e.identity == identity
+            && up
+            && e.power_cuts == power_cuts
+            && (e.in_use > 0 || now.duration_since(e.last_used) < self.config.idle_timeout)
     }
 
     /// A call for `key` starts: reuse its pooled connection or dial (counted). `connects`
@@ -108,8 +116,10 @@ impl SimPool {
         connects: bool,
     ) -> (bool, u64) {
         let now = Instant::now();
-        let reuse = (self.entries.get(key))
-            .is_some_and(|e| usable(&self.config, e, identity, host_up, power_cuts, now));
+        let reuse = self
+            .entries
+            .get(key)
+            .is_some_and(|e| self.usable(e, identity, host_up, power_cuts, now));
         if !connects {
             // The real pool forgets a connection found broken or pinned differently; a failed
             // dial is still a dial.
@@ -198,20 +208,6 @@ impl SimPool {
             self.entries.remove(&key);
         }
     }
-}
-
-fn usable(
-    config: &PoolConfig,
-    e: &Entry,
-    identity: u64,
-    up: bool,
-    power_cuts: u64,
-    now: Instant,
-) -> bool {
-    e.identity == identity
-        && up
-        && e.power_cuts == power_cuts
-        && (e.in_use > 0 || now.duration_since(e.last_used) < config.idle_timeout)
 }
 
 #[cfg(test)]

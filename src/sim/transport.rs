@@ -65,9 +65,8 @@ pub struct Journal {
 struct Link {
     fingerprint: String,
     handshake_delay: Duration,
-    /// What the probe sees: the facts, or the output to parse when the host's is set by
-    /// hand (see [`SimHost::probe_facts`]); nothing for a phase.
-    probed: Option<Result<ProbeFacts, String>>,
+    /// What the probe reads (an empty text for a phase).
+    output: ProbeOutput,
     behaviour: Option<super::host::Behaviour>,
     /// Phases that hang on this host (empty for a probe).
     hang: Vec<SimPhase>,
@@ -76,6 +75,13 @@ struct Link {
     power_cuts: u64,
     /// The pooled connection in use until the call ends.
     _pooled: PoolUse,
+}
+
+/// What a probe's session reads from the host: the facts its output would parse to (see
+/// [`SimHost::probe_facts`]), or the text itself for the parser (output set by hand).
+enum ProbeOutput {
+    Facts(ProbeFacts),
+    Text(String),
 }
 
 /// A call's use of its host's pooled connection: released (marked used now) when dropped,
@@ -361,7 +367,11 @@ impl SimTransport {
         Ok(Link {
             fingerprint: host.fingerprint.clone(),
             handshake_delay: host.handshake_delay,
-            probed: probe.then(|| host.probe_facts().ok_or_else(|| host.probe_stdout())),
+            output: match probe.then(|| host.probe_facts()) {
+                None => ProbeOutput::Text(String::new()),
+                Some(Some(facts)) => ProbeOutput::Facts(facts),
+                Some(None) => ProbeOutput::Text(host.probe_stdout()),
+            },
             behaviour: host.behaviour,
             hang: if probe { Vec::new() } else { host.hang.clone() },
             phase_latency: host.phase_latency,
@@ -497,10 +507,9 @@ impl Transport for SimTransport {
         if !host.handshake_delay.is_zero() {
             tokio::time::sleep(host.handshake_delay).await;
         }
-        // (A probe's link always carries what it sees; an empty output would not parse.)
-        let facts = match host.probed.unwrap_or_else(|| Err(String::new())) {
-            Ok(facts) => facts,
-            Err(stdout) => {
+        let facts = match host.output {
+            ProbeOutput::Facts(facts) => facts,
+            ProbeOutput::Text(stdout) => {
                 parse_probe_output(stdout.as_bytes()).map_err(|source| TransportError::Probe {
                     host: target.host.clone(),
                     source,
