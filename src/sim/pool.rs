@@ -7,6 +7,11 @@
 //! unreachable, dropped by `forget`. Least recently used is told by a use counter, not by the
 //! time: under a paused clock many uses share one instant, and the simulation must stay
 //! deterministic.
+//!
+//! Host keys are numbered the first time they are seen, and connections kept by that number:
+//! a fleet above the cap dials on every probe (millions a day), and each dial used to hash
+//! and compare its key string five times (find, replace, insert, sweep, release) in a map
+//! whose entries are cold by the time the host comes round again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -16,8 +21,6 @@ use tokio::time::Instant;
 use crate::ssh::pool::PoolConfig;
 
 struct Entry {
-    /// Its host key, shared with `lru` (a call's release re-queues it without a copy).
-    key: Arc<str>,
     identity: u64,
     /// The host's power cuts when it was dialled: a cut since closed the connection.
     power_cuts: u64,
@@ -31,15 +34,28 @@ struct Entry {
     conn: u64,
 }
 
+/// A call's connection: which host key (by number) and which dial of it, handed back to
+/// [`SimPool::release`] when the call ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conn {
+    id: u32,
+    conn: u64,
+}
+
 /// See the module documentation.
 pub struct SimPool {
     config: PoolConfig,
-    /// Fixed-seed foldhash: looked up on every SSH call of the fleet.
-    entries: HashMap<Arc<str>, Entry, foldhash::fast::FixedState>,
-    /// Use counter → host key of the idle connections (none in use), least recently used
-    /// first: what the sweep may close. Busy ones are kept out, so that a sweep does not step
-    /// over the hundreds a fleet's long joins hold at every dial.
-    lru: BTreeMap<u64, Arc<str>>,
+    /// Host key → its number (fixed-seed foldhash). Numbers are never reused: a fleet has
+    /// as many keys as hosts it ever saw.
+    ids: HashMap<Arc<str>, u32, foldhash::fast::FixedState>,
+    /// The pooled connection of each host key, by number.
+    entries: Vec<Option<Entry>>,
+    /// Connections in `entries`.
+    live: usize,
+    /// Use counter → host key number of the idle connections (none in use), least recently
+    /// used first: what the sweep may close. Busy ones are kept out, so that a sweep does not
+    /// step over the hundreds a fleet's long joins hold at every dial.
+    lru: BTreeMap<u64, u32>,
     seq: u64,
     dials: u64,
 }
@@ -54,7 +70,9 @@ impl SimPool {
     pub fn new(config: PoolConfig) -> Self {
         SimPool {
             config,
-            entries: HashMap::default(),
+            ids: HashMap::default(),
+            entries: Vec::new(),
+            live: 0,
             lru: BTreeMap::new(),
             seq: 0,
             dials: 0,
@@ -74,25 +92,42 @@ impl SimPool {
     /// Drop every connection (the controller process died). Calls still running release
     /// nothing afterwards.
     pub fn clear(&mut self) {
-        self.entries.clear();
+        self.entries.iter_mut().for_each(|e| *e = None);
+        self.live = 0;
         self.lru.clear();
     }
 
     /// Pooled connections (not yet swept).
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.live
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.live == 0
+    }
+
+    /// The number of `key`, given it now if it has none.
+    fn id(&mut self, key: &str) -> u32 {
+        if let Some(id) = self.ids.get(key) {
+            return *id;
+        }
+        let id = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
+        self.ids.insert(Arc::from(key), id);
+        self.entries.push(None);
+        id
+    }
+
+    fn entry(&self, id: u32) -> Option<&Entry> {
+        self.entries.get(id as usize).and_then(Option::as_ref)
     }
 
     /// Whether a call for `key` would reuse its pooled connection: same identity, no power
     /// cut since the dial, the host up, and busy or used within the idle timeout.
     pub fn holds(&self, key: &str, identity: u64, host_up: bool, power_cuts: u64) -> bool {
         let now = Instant::now();
-        self.entries
+        self.ids
             .get(key)
+            .and_then(|id| self.entry(*id))
             .is_some_and(|e| self.usable(e, identity, host_up, power_cuts, now))
     }
 
@@ -114,98 +149,100 @@ impl SimPool {
         host_up: bool,
         power_cuts: u64,
         connects: bool,
-    ) -> (bool, u64) {
+    ) -> (bool, Conn) {
         let now = Instant::now();
+        let id = self.id(key);
         let reuse = self
-            .entries
-            .get(key)
+            .entry(id)
             .is_some_and(|e| self.usable(e, identity, host_up, power_cuts, now));
         if !connects {
             // The real pool forgets a connection found broken or pinned differently; a failed
             // dial is still a dial.
-            self.remove(key);
+            self.drop_entry(id);
             if !reuse {
                 self.dials += 1;
             }
-            return (!reuse, 0);
+            return (!reuse, Conn { id, conn: 0 });
         }
         self.seq += 1;
         let seq = self.seq;
-        if reuse && let Some(e) = self.entries.get_mut(key) {
+        if reuse && let Some(Some(e)) = self.entries.get_mut(id as usize) {
             self.lru.remove(&e.seq);
             e.seq = seq;
             e.last_used = now;
             e.in_use += 1;
-            return (false, e.conn);
+            return (false, Conn { id, conn: e.conn });
         }
-        self.remove(key);
+        self.drop_entry(id);
         self.dials += 1;
         let conn = self.dials;
-        let key: Arc<str> = Arc::from(key);
-        self.entries.insert(
-            key.clone(),
-            Entry {
-                key,
+        if let Some(slot) = self.entries.get_mut(id as usize) {
+            *slot = Some(Entry {
                 identity,
                 power_cuts,
                 last_used: now,
                 seq,
                 in_use: 1,
                 conn,
-            },
-        );
+            });
+            self.live += 1;
+        }
         self.sweep(now);
-        (true, conn)
+        (true, Conn { id, conn })
     }
 
-    /// A call on connection `conn` of `key` finished: the connection was used now.
-    pub fn release(&mut self, key: &str, conn: u64) {
+    /// A call on connection `c` finished: the connection was used now.
+    pub fn release(&mut self, c: Conn) {
         self.seq += 1;
         let seq = self.seq;
-        if let Some(e) = self.entries.get_mut(key).filter(|e| e.conn == conn) {
-            self.lru.remove(&e.seq);
-            e.seq = seq;
-            e.last_used = Instant::now();
-            e.in_use = e.in_use.saturating_sub(1);
-            if e.in_use == 0 {
-                self.lru.insert(seq, e.key.clone());
-            }
+        let Some(Some(e)) = self.entries.get_mut(c.id as usize) else {
+            return;
+        };
+        if e.conn != c.conn {
+            return;
+        }
+        self.lru.remove(&e.seq);
+        e.seq = seq;
+        e.last_used = Instant::now();
+        e.in_use = e.in_use.saturating_sub(1);
+        if e.in_use == 0 {
+            self.lru.insert(seq, c.id);
         }
     }
 
     /// Drop `key`'s connection.
     pub fn remove(&mut self, key: &str) {
-        if let Some(e) = self.entries.remove(key) {
+        if let Some(id) = self.ids.get(key).copied() {
+            self.drop_entry(id);
+        }
+    }
+
+    fn drop_entry(&mut self, id: u32) {
+        if let Some(e) = self.entries.get_mut(id as usize).and_then(Option::take) {
             self.lru.remove(&e.seq);
+            self.live -= 1;
         }
     }
 
     /// Close idle connections past the timeout and, beyond the cap, the least recently used
-    /// idle ones (the real pool does both on a dial). Both sit at the front of the order: the
-    /// scan stops at the first connection that is neither.
+    /// idle ones (the real pool does both on a dial). Both sit at the front of `lru`, which
+    /// holds idle connections only: the scan stops at the first connection that is neither.
     fn sweep(&mut self, now: Instant) {
-        let mut over = self
-            .entries
-            .len()
-            .saturating_sub(self.config.max_connections);
-        let mut closing = Vec::new();
-        for (seq, key) in &self.lru {
-            let Some(e) = self.entries.get(key) else {
+        let mut over = self.live.saturating_sub(self.config.max_connections);
+        while let Some((_, &id)) = self.lru.first_key_value() {
+            let Some(e) = self.entry(id) else {
+                // Not pooled (cannot happen: dropping a connection drops its place here).
+                self.lru.pop_first();
                 continue;
             };
-            if e.in_use > 0 {
-                continue;
-            }
             let expired = now.duration_since(e.last_used) >= self.config.idle_timeout;
             if !expired && over == 0 {
                 break;
             }
             over = over.saturating_sub(1);
-            closing.push((*seq, key.clone()));
-        }
-        for (seq, key) in closing {
-            self.lru.remove(&seq);
-            self.entries.remove(&key);
+            self.lru.pop_first();
+            self.entries[id as usize] = None;
+            self.live -= 1;
         }
     }
 }
@@ -231,14 +268,14 @@ mod tests {
         assert!(!p.holds("h", 1, true, 0));
         let (dialled, conn) = p.checkout("h", 1, true, 0, true);
         assert!(dialled, "first call dials");
-        p.release("h", conn);
+        p.release(conn);
         assert!(p.holds("h", 1, true, 0));
         assert_eq!(
             p.checkout("h", 1, true, 0, true),
             (false, conn),
             "second reuses"
         );
-        p.release("h", conn);
+        p.release(conn);
         assert!(!p.holds("h", 1, true, 1), "a power cut closed it");
         assert!(!p.holds("h", 1, false, 0), "the host is down");
         assert!(!p.holds("h", 2, true, 0), "another key or address dials");
@@ -248,7 +285,7 @@ mod tests {
         assert!(!p.holds("h", 1, true, 0), "idle for the timeout");
         let (dialled, conn) = p.checkout("h", 1, true, 0, true);
         assert!(dialled, "so the call dials");
-        p.release("h", conn);
+        p.release(conn);
         p.remove("h");
         assert!(!p.holds("h", 1, true, 0), "forgotten");
         assert!(
@@ -263,11 +300,11 @@ mod tests {
         p.clear();
         let (dialled, new) = p.checkout("h", 1, true, 0, true);
         assert!(dialled, "the new process dials");
-        p.release("h", old);
-        p.release("h", old);
+        p.release(old);
+        p.release(old);
         tokio::time::sleep(Duration::from_secs(400)).await;
         assert!(p.holds("h", 1, true, 0), "in use by the new process's call");
-        p.release("h", new);
+        p.release(new);
         assert!(p.holds("h", 1, true, 0));
     }
 
@@ -278,9 +315,9 @@ mod tests {
         let mut p = pool(2);
         let (_, busy) = p.checkout("busy", 1, true, 0, true);
         let (_, a) = p.checkout("a", 1, true, 0, true);
-        p.release("a", a);
+        p.release(a);
         let (_, b) = p.checkout("b", 1, true, 0, true);
-        p.release("b", b);
+        p.release(b);
         assert_eq!(p.len(), 2);
         assert!(p.holds("busy", 1, true, 0), "in use: never evicted");
         assert!(
@@ -288,13 +325,13 @@ mod tests {
             "least recently used idle one went"
         );
         assert!(p.holds("b", 1, true, 0));
-        p.release("busy", busy);
+        p.release(busy);
         let before = p.dials();
         for round in 0..3 {
             for key in ["k1", "k2", "k3"] {
                 let (dialled, conn) = p.checkout(key, 1, true, 0, true);
                 assert!(dialled, "{key} round {round}");
-                p.release(key, conn);
+                p.release(conn);
             }
         }
         assert_eq!(

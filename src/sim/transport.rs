@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::host::{ExecRecord, SimHost, SimPhase, parse_exports};
 use super::kubelet::node_from_env;
-use super::pool::SimPool;
+use super::pool::{Conn, SimPool};
 use crate::api::{HostState, NodeClaim, SSHHost};
 use crate::k8s::{Cluster, ClusterError, MemoryCluster};
 use crate::ssh::pool::PoolConfig;
@@ -88,16 +88,15 @@ enum ProbeOutput {
 /// also when the controller's task running the call is aborted.
 struct PoolUse {
     hosts: Arc<Mutex<Fleet>>,
-    key: String,
     /// The connection the call used (a crashed controller's calls release nothing of the
     /// next controller's connections).
-    conn: u64,
+    conn: Conn,
 }
 
 impl Drop for PoolUse {
     fn drop(&mut self) {
         let mut fleet = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
-        fleet.pool.release(&self.key, self.conn);
+        fleet.pool.release(self.conn);
     }
 }
 
@@ -378,7 +377,6 @@ impl SimTransport {
             power_cuts: host.power_cuts,
             _pooled: PoolUse {
                 hosts: self.hosts.clone(),
-                key: target.host.clone(),
                 conn,
             },
         })
