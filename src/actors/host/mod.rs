@@ -106,6 +106,9 @@ pub struct HostActorState<C: Cluster, T: Transport> {
     /// A probe was asked for (the probe annotation changed): the next probe stamps
     /// `lastProbeTime` even if nothing else changed, so the asker sees it ran.
     pub stamp_next_probe: bool,
+    /// The facts the last steady probe found recorded in `host` (see [`probe::Recorded`]);
+    /// dropped whenever `host` is replaced.
+    pub recorded: Option<probe::Recorded>,
 }
 
 impl<C: Cluster, T: Transport> HostActorState<C, T> {
@@ -123,6 +126,7 @@ impl<C: Cluster, T: Transport> HostActorState<C, T> {
         if version >= self.seen.get() {
             self.host = self.ctx.hosts.share(host);
             self.seen.publish(version);
+            self.recorded = None;
         }
     }
 
@@ -230,6 +234,7 @@ pub fn spawn<C: Cluster, T: Transport>(
         lifecycle: None,
         launch_slot: None,
         stamp_next_probe: false,
+        recorded: None,
     };
     // A backoff recorded before a restart runs out on time (the probe clears it too).
     backoff::arm(&state);

@@ -195,9 +195,24 @@ async fn record_success<C: Cluster, T: Transport>(
     let zombie = report.facts.kubelet_active && unclaimed;
     let stamp = state_stamp(state);
     // The steady probe of an unchanged host: nothing to copy, compare or write.
-    let unchanged = state.host.status.as_ref().is_some_and(|s| {
-        !zombie && facts_recorded(s, report, generation) && !stamp_due(s, stamp, &state.ctx.clock)
-    });
+    let recorded = !zombie
+        && (state
+            .recorded
+            .as_ref()
+            .is_some_and(|r| r.holds(&state.host, report))
+            || state.host.status.as_ref().is_some_and(|s| {
+                let yes = facts_recorded(s, report, generation);
+                if yes {
+                    state.recorded = Recorded::of(&state.host, report);
+                }
+                yes
+            }));
+    let unchanged = recorded
+        && state
+            .host
+            .status
+            .as_ref()
+            .is_some_and(|s| !stamp_due(s, stamp, &state.ctx.clock));
     if !unchanged {
         let was = state.state();
         write(state, stamp, |s| apply_facts(s, report, generation, zombie)).await?;
@@ -304,6 +319,52 @@ fn facts_recorded(s: &SSHHostStatus, report: &ProbeReport, generation: Option<i6
         && s.last_probe_error.is_none()
         && !matches!(s.state, HostState::Pending | HostState::Unhealthy)
         && ready_condition_synced(s, generation)
+}
+
+/// What a steady probe found already recorded in one host object ([`facts_recorded`] held):
+/// a later probe reporting the same facts of the same object finds them recorded too, as
+/// [`facts_recorded`] is a function of the two alone. Kept so that the steady probe does not
+/// read the status again (millions of times a fleet day, over status fields that are cold in
+/// the cache by the time the host comes round again): the object by address, the facts inline.
+pub struct Recorded {
+    /// The object judged, held so that its address cannot be reused while this lives.
+    host: std::sync::Arc<SSHHost>,
+    cpu: u32,
+    memory_kib: u64,
+    /// The architecture's bytes (inline: a `String` would be one more cold read).
+    arch: [u8; ARCH_INLINE],
+    arch_len: u8,
+    /// The bastion's endpoint, if the probe went through one.
+    jump: Option<String>,
+}
+
+const ARCH_INLINE: usize = 16;
+
+impl Recorded {
+    /// `None` for an architecture name too long to keep inline (such a host is judged from
+    /// its status every time).
+    fn of(host: &std::sync::Arc<SSHHost>, report: &ProbeReport) -> Option<Self> {
+        let bytes = report.facts.arch.as_bytes();
+        let mut arch = [0u8; ARCH_INLINE];
+        arch.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(Recorded {
+            host: host.clone(),
+            cpu: report.facts.cpu,
+            memory_kib: report.facts.memory_kib,
+            arch,
+            arch_len: u8::try_from(bytes.len()).ok()?,
+            jump: report.jump.as_ref().map(|j| j.endpoint.clone()),
+        })
+    }
+
+    /// Whether this was found of `host` (the same object) with the facts `report` has.
+    fn holds(&self, host: &std::sync::Arc<SSHHost>, report: &ProbeReport) -> bool {
+        std::sync::Arc::ptr_eq(&self.host, host)
+            && self.cpu == report.facts.cpu
+            && self.memory_kib == report.facts.memory_kib
+            && self.arch.get(..usize::from(self.arch_len)) == Some(report.facts.arch.as_bytes())
+            && self.jump.as_deref() == report.jump.as_ref().map(|j| j.endpoint.as_str())
+    }
 }
 
 /// Whether the status pins the bastion this probe went through (at the same endpoint), or
@@ -445,6 +506,49 @@ pub async fn write<C: Cluster, T: Transport>(
 #[cfg(test)]
 mod tests {
     use super::spells;
+
+    /// The steady probe's memo holds only for the very object it judged and the very facts:
+    /// a new version of the host (even an equal one), or any fact that differs, sends the
+    /// probe back to the status.
+    #[test]
+    fn what_a_probe_found_recorded_holds_for_that_object_and_those_facts_only() {
+        use super::Recorded;
+        use crate::ssh::{JumpKey, ProbeFacts, ProbeReport};
+        use std::sync::Arc;
+        let sim = crate::sim::host::SimHost::new("10.0.0.1", 4, 16 << 20);
+        let host = Arc::new(crate::sim::world::host_object("ns", "h", "small", &sim));
+        let report = |cpu: u32, arch: &str, jump: Option<&str>| ProbeReport {
+            facts: ProbeFacts {
+                cpu,
+                memory_kib: 16 << 20,
+                arch: arch.into(),
+                kubelet_active: false,
+            },
+            fingerprint: "SHA256:x".into(),
+            jump: jump.map(|e| JumpKey {
+                endpoint: e.into(),
+                fingerprint: "SHA256:j".into(),
+            }),
+        };
+        let seen = report(4, "amd64", None);
+        let r = Recorded::of(&host, &seen).expect("a short arch is kept");
+        assert!(r.holds(&host, &seen));
+        assert!(r.holds(&host, &report(4, "amd64", None)), "equal facts");
+        let equal_copy = Arc::new((*host).clone());
+        assert!(!r.holds(&equal_copy, &seen), "another object");
+        assert!(!r.holds(&host, &report(8, "amd64", None)), "cpu");
+        assert!(!r.holds(&host, &report(4, "arm64", None)), "arch");
+        assert!(!r.holds(&host, &report(4, "amd6", None)), "arch prefix");
+        assert!(
+            !r.holds(&host, &report(4, "amd64", Some("b:22"))),
+            "bastion"
+        );
+        let mut more = seen.clone();
+        more.facts.memory_kib -= 1;
+        assert!(!r.holds(&host, &more), "memory");
+        let long = report(4, "a-very-long-architecture", None);
+        assert!(Recorded::of(&host, &long).is_none(), "too long to keep");
+    }
 
     /// The steady probe's "nothing changed" test must agree with what `apply_facts` would
     /// write (`to_string`), or an unchanged host would be written every probe, or a changed
