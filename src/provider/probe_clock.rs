@@ -112,29 +112,31 @@ impl Queue {
     }
 
     fn front(&self) -> Option<&Queued> {
+        if self.heap_first() {
+            self.others.peek().map(|r| &r.0)
+        } else {
+            self.in_order.front()
+        }
+    }
+
+    /// Whether the earliest entry is the heap's.
+    fn heap_first(&self) -> bool {
         match (self.in_order.front(), self.others.peek()) {
-            (Some(a), Some(Reverse(b))) => Some(if b < a { b } else { a }),
-            (a, b) => a.or(b.map(|r| &r.0)),
+            (Some(a), Some(Reverse(b))) => b < a,
+            (a, b) => a.is_none() && b.is_some(),
         }
     }
 
     /// The earliest, if it is due at `now`.
     fn pop_due(&mut self, now: Instant) -> Option<Queued> {
-        let from_heap = match (self.in_order.front(), self.others.peek()) {
-            (Some(a), Some(Reverse(b))) => b < a,
-            (None, Some(_)) => true,
-            _ => false,
-        };
-        if from_heap {
-            if self.others.peek().is_some_and(|r| r.0.at <= now) {
-                return self.others.pop().map(|r| r.0);
-            }
+        if self.front()?.at > now {
             return None;
         }
-        if self.in_order.front().is_some_and(|q| q.at <= now) {
-            return self.in_order.pop_front();
+        if self.heap_first() {
+            self.others.pop().map(|r| r.0)
+        } else {
+            self.in_order.pop_front()
         }
-        None
     }
 }
 
