@@ -120,9 +120,11 @@ impl<C: Cluster, T: Transport> Context<C, T> {
 ///
 /// A `DashMap`: every host actor reads it on each probe while the router writes it, and its
 /// sharded locks keep ten thousand readers from queueing behind one lock (or a writer).
+/// Hashed with foldhash (seeded per process): the std hasher, SipHash, cost a probe more than
+/// the lookup it hashed for.
 #[derive(Clone)]
 pub struct ClaimView {
-    uids: Arc<dashmap::DashMap<String, bool>>,
+    uids: Arc<dashmap::DashMap<String, bool, foldhash::fast::RandomState>>,
     /// One `Notify`, not a `watch` channel: a watch wakes its waiters in an order drawn from a
     /// thread's random source, and two joins stopped in one instant then went on in another
     /// order in each run of the same seed; `notify_waiters` wakes them in the order they
