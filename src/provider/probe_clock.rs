@@ -129,13 +129,17 @@ impl Queue {
 
     /// The earliest, if it is due at `now`.
     fn pop_due(&mut self, now: Instant) -> Option<Queued> {
-        if self.front()?.at > now {
-            return None;
-        }
+        // Which front is earliest is judged once: this runs for every probe delivered.
         if self.heap_first() {
-            self.others.pop().map(|r| r.0)
+            self.others
+                .peek()
+                .is_some_and(|r| r.0.at <= now)
+                .then(|| self.others.pop().map(|r| r.0))?
         } else {
-            self.in_order.pop_front()
+            self.in_order
+                .front()
+                .is_some_and(|q| q.at <= now)
+                .then(|| self.in_order.pop_front())?
         }
     }
 }
